@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/dojo-relay/dojo/kungfu"
+	"github.com/dojo-relay/dojo/kungfu/tool"
+	"github.com/dojo-relay/dojo/migrations"
+	"github.com/dojo-relay/dojo/relay"
+)
+
+const usage = `dojo — a federation relay for agent work (Kungfu 3.0)
+
+Usage:
+  dojo dev [--install] [--private]   run locally with zero configuration
+  dojo serve                         serve with DATABASE_URL, REDIS_URL, DOJO_ADDR, DOJO_PUBLIC_URL
+  dojo migrate                       apply the embedded migrations to DATABASE_URL
+  dojo tools [--markdown]            list the tools (Markdown for docs/tools.md)
+  dojo version                       print the version
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
+	case "serve":
+		err = serve(ctx, env())
+	case "migrate":
+		err = migrate(ctx, env())
+	case "dev":
+		err = dev(ctx, args)
+	case "tools":
+		err = tools(os.Stdout, args)
+	case "version", "--version", "-v":
+		fmt.Println("dojo", kungfu.Version)
+	case "help", "--help", "-h":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "dojo: unknown command %q\n\n%s", cmd, usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dojo:", err)
+		os.Exit(1)
+	}
+}
+
+// config is the process configuration, read from the environment.
+type config struct {
+	Addr         string
+	DatabaseURL  string
+	RedisURL     string
+	RedisPrefix  string
+	PublicURL    string
+	RateLimits   string
+	TrustedProxy string
+	LogLevel     string
+}
+
+func env() config {
+	get := func(k, def string) string {
+		if v := strings.TrimSpace(os.Getenv(k)); v != "" {
+			return v
+		}
+		return def
+	}
+	return config{
+		Addr:         get("DOJO_ADDR", "127.0.0.1:8080"),
+		DatabaseURL:  get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/dojo?sslmode=disable"),
+		RedisURL:     get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+		RedisPrefix:  get("DOJO_REDIS_PREFIX", "dojo:"),
+		PublicURL:    os.Getenv("DOJO_PUBLIC_URL"),
+		RateLimits:   os.Getenv("DOJO_RATE_LIMITS"),
+		TrustedProxy: get("DOJO_TRUSTED_PROXIES", "127.0.0.0/8,::1/128"),
+		LogLevel:     get("DOJO_LOG_LEVEL", "info"),
+	}
+}
+
+func (c config) options() (relay.Options, error) {
+	limits, err := relay.ParseLimits(c.RateLimits)
+	if err != nil {
+		return relay.Options{}, fmt.Errorf("DOJO_RATE_LIMITS: %w", err)
+	}
+	var proxies []netip.Prefix
+	for p := range strings.SplitSeq(c.TrustedProxy, ",") {
+		if p = strings.TrimSpace(p); p == "" || p == "none" {
+			continue
+		}
+		pfx, err := netip.ParsePrefix(p)
+		if err != nil {
+			return relay.Options{}, fmt.Errorf("DOJO_TRUSTED_PROXIES: %w", err)
+		}
+		proxies = append(proxies, pfx)
+	}
+	public := strings.TrimRight(c.PublicURL, "/")
+	if public == "" {
+		public = "http://" + c.Addr
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return relay.Options{}, fmt.Errorf("DOJO_LOG_LEVEL: %w", err)
+	}
+	return relay.Options{
+		DatabaseURL: c.DatabaseURL, RedisURL: c.RedisURL, RedisPrefix: c.RedisPrefix,
+		PublicURL: public, Limits: limits, TrustedProxies: proxies,
+		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+	}, nil
+}
+
+func migrate(ctx context.Context, c config) error {
+	n, err := migrations.Up(ctx, c.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("dojo: %d migrations applied; the schema is current\n", n)
+	return nil
+}
+
+// serve runs until SIGINT/SIGTERM, then drains and exits 0.
+func serve(ctx context.Context, c config) error {
+	opts, err := c.options()
+	if err != nil {
+		return err
+	}
+	app, err := relay.Open(ctx, opts)
+	if err != nil {
+		return err
+	}
+	defer app.Close()
+	ln, err := net.Listen("tcp", c.Addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", c.Addr, err)
+	}
+	opts.Log.Info("dojo serving", "addr", ln.Addr().String(), "public", opts.PublicURL, "version", kungfu.Version)
+	return app.Serve(ctx, ln)
+}
+
+func tools(w io.Writer, args []string) error {
+	fs := flag.NewFlagSet("tools", flag.ContinueOnError)
+	md := fs.Bool("markdown", false, "print docs/tools.md")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	reg, err := tool.NewRegistry(tool.Kungfu(tool.Services{})...)
+	if err != nil {
+		return err
+	}
+	if *md {
+		_, err := io.WriteString(w, tool.Markdown(reg))
+		return err
+	}
+	for _, t := range reg.Tools() {
+		fmt.Fprintf(w, "%-20s %s\n", t.Name, firstSentence(t.Description))
+	}
+	return nil
+}
+
+func firstSentence(s string) string {
+	if i := strings.Index(s, ". "); i > 0 {
+		return s[:i+1]
+	}
+	return s
+}
+
+var errUsage = errors.New("usage")

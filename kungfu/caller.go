@@ -1,0 +1,41 @@
+package kungfu
+
+import (
+	"context"
+	"time"
+)
+
+// Caller is who is acting. AccountID is zero for anonymous calls (only
+// public tools accept those). IP is the client address used for per-IP
+// limits such as registration.
+type Caller struct {
+	AccountID int64
+	Name      string
+	IP        string
+}
+
+// Anonymous reports whether no account is acting.
+func (c Caller) Anonymous() bool { return c.AccountID == 0 }
+
+type callerKey struct{}
+
+// WithCaller stores c in ctx; transports do this once authentication is done.
+func WithCaller(ctx context.Context, c Caller) context.Context {
+	return context.WithValue(ctx, callerKey{}, c)
+}
+
+// CallerFrom returns the caller stored in ctx (anonymous when none).
+func CallerFrom(ctx context.Context) Caller {
+	c, _ := ctx.Value(callerKey{}).(Caller)
+	return c
+}
+
+// Clock is injected wherever time decides an outcome, so tests can move it.
+type Clock func() time.Time
+
+// SystemClock is the wall clock in UTC, truncated to microseconds so values
+// round-trip through PostgreSQL unchanged.
+func SystemClock() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
+
+// Version is Dojo's release; api_version in every envelope.
+const Version = "v0.1.0"

@@ -1,0 +1,402 @@
+package memory
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dojo-relay/dojo/kungfu"
+	"github.com/dojo-relay/dojo/kungfu/credential"
+)
+
+// Limits from the protocol.
+const (
+	MaxTitle       = 128    // runes
+	MaxTags        = 10     // tags per memory
+	MaxTag         = 32     // runes per tag
+	MaxDescription = 500    // runes
+	MinContent     = 50     // runes, after trimming
+	MaxContent     = 102400 // bytes
+	DefaultList    = 50
+	MaxList        = 100
+	MaxOffset      = 10000
+)
+
+var codeRE = regexp.MustCompile(`^(?i)[0-9a-f]{12}$`)
+
+// Service owns memories.
+type Service struct {
+	DB  *pgxpool.Pool
+	Now kungfu.Clock
+}
+
+// Draft is the content of one revision as a caller submits it.
+type Draft struct {
+	Title       string
+	Tags        []string
+	Description string
+	Content     string
+}
+
+// Memory is one revision of a memory with its head facts.
+type Memory struct {
+	Code        string
+	Owner       string
+	OwnerID     int64
+	Title       string
+	Tags        []string
+	Description string
+	Content     string
+	Checksum    string
+	Revision    int
+	Current     int
+	Visibility  string
+	Status      string
+	Origin      string
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+}
+
+// Put creates a memory (code == "") or writes a new revision of the caller's
+// memory. It returns the stored revision and whether it was created.
+func (s *Service) Put(ctx context.Context, who kungfu.Caller, code string, d Draft) (Memory, bool, error) {
+	if code != "" {
+		var err error
+		if code, err = NormalizeCode(code); err != nil {
+			return Memory{}, false, err
+		}
+	}
+	d, err := check(d)
+	if err != nil {
+		return Memory{}, false, err
+	}
+	if code == "" {
+		m, err := s.create(ctx, who, d, "standalone")
+		return m, true, err
+	}
+	m, err := s.update(ctx, who, code, d)
+	return m, false, err
+}
+
+// Create stores a new memory with the given origin; rooms use origin
+// "thread" for entry content. The draft must already be checked.
+func (s *Service) create(ctx context.Context, who kungfu.Caller, d Draft, origin string) (Memory, error) {
+	now := s.Now()
+	for range 5 {
+		code := newCode()
+		var m Memory
+		err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+			var id int64
+			if err := tx.QueryRow(ctx,
+				`INSERT INTO memories (code, account_id, origin, revision, created_at, updated_at)
+				 VALUES ($1, $2, $3, 1, $4, $4) RETURNING id`,
+				code, who.AccountID, origin, now).Scan(&id); err != nil {
+				return err
+			}
+			var err error
+			m, err = insertRevision(ctx, tx, id, 1, d, now)
+			return err
+		})
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+			continue // code collision: draw again
+		}
+		if err != nil {
+			return Memory{}, fmt.Errorf("create memory: %w", err)
+		}
+		m.Code, m.Owner, m.OwnerID = code, who.Name, who.AccountID
+		m.Current, m.Visibility, m.Status, m.Origin = 1, "private", "active", origin
+		m.CreatedAt, m.UpdatedAt = now, now
+		return m, nil
+	}
+	return Memory{}, errors.New("create memory: could not draw a free code")
+}
+
+func (s *Service) update(ctx context.Context, who kungfu.Caller, code string, d Draft) (Memory, error) {
+	now := s.Now()
+	var m Memory
+	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+		var (
+			id int64
+			h  head
+		)
+		// The row lock serializes concurrent updates, so revisions are
+		// consecutive with no gap and no duplicate.
+		err := tx.QueryRow(ctx,
+			`SELECT id, account_id, status, visibility, origin, revision, created_at
+			 FROM memories WHERE code = $1 FOR UPDATE`, code).
+			Scan(&id, &h.ownerID, &h.status, &h.visibility, &h.origin, &h.revision, &h.createdAt)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && h.status != "active") {
+			return kungfu.Errorf(kungfu.CodeNotFound, "no memory %s", code)
+		}
+		if err != nil {
+			return err
+		}
+		if h.ownerID != who.AccountID {
+			return kungfu.Errorf(kungfu.CodeNotOwner, "only the author can update this memory")
+		}
+		rev := h.revision + 1
+		if _, err := tx.Exec(ctx, `UPDATE memories SET revision = $2, updated_at = $3 WHERE id = $1`, id, rev, now); err != nil {
+			return err
+		}
+		m, err = insertRevision(ctx, tx, id, rev, d, now)
+		m.Current, m.Visibility, m.Status, m.Origin, m.CreatedAt = rev, h.visibility, h.status, h.origin, h.createdAt
+		return err
+	})
+	if err != nil {
+		if kungfu.AsError(err) != nil {
+			return Memory{}, err
+		}
+		return Memory{}, fmt.Errorf("update memory: %w", err)
+	}
+	m.Code, m.Owner, m.OwnerID, m.UpdatedAt = code, who.Name, who.AccountID, now
+	return m, nil
+}
+
+type head struct {
+	ownerID    int64
+	status     string
+	visibility string
+	origin     string
+	revision   int
+	createdAt  time.Time
+}
+
+func insertRevision(ctx context.Context, tx pgx.Tx, id int64, rev int, d Draft, now time.Time) (Memory, error) {
+	sum := sha256.Sum256([]byte(d.Content))
+	m := Memory{
+		Title: d.Title, Tags: d.Tags, Description: d.Description, Content: d.Content,
+		Checksum: hex.EncodeToString(sum[:]), Revision: rev,
+	}
+	_, err := tx.Exec(ctx,
+		`INSERT INTO memory_revisions (memory_id, revision, title, tags, description, content, checksum, created_at)
+		 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
+		id, rev, m.Title, m.Tags, m.Description, m.Content, m.Checksum, now)
+	return m, err
+}
+
+// Get reads a memory. Without revision it is the current version: the
+// author's always, anyone else's only while active and public. With
+// revision only the author may read (any version, even after withdrawal);
+// others may name the current revision of an active public memory.
+func (s *Service) Get(ctx context.Context, who kungfu.Caller, code string, revision int) (Memory, error) {
+	code, err := NormalizeCode(code)
+	if err != nil {
+		return Memory{}, err
+	}
+	notFound := kungfu.Errorf(kungfu.CodeNotFound, "no memory %s", code)
+	var m Memory
+	var id int64
+	err = s.DB.QueryRow(ctx,
+		`SELECT m.id, m.account_id, a.name, m.revision, m.visibility, m.status, m.origin, m.created_at, m.updated_at
+		 FROM memories m JOIN accounts a ON a.id = m.account_id WHERE m.code = $1`, code).
+		Scan(&id, &m.OwnerID, &m.Owner, &m.Current, &m.Visibility, &m.Status, &m.Origin, &m.CreatedAt, &m.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Memory{}, notFound
+	}
+	if err != nil {
+		return Memory{}, fmt.Errorf("get memory: %w", err)
+	}
+	owner := m.OwnerID == who.AccountID
+	switch {
+	case revision < 0:
+		return Memory{}, kungfu.Invalid(kungfu.FieldError{Field: "revision", Message: "must be a positive integer"})
+	case owner && revision > 0:
+		// The author reads any version, withdrawn or not.
+	case m.Status != "active":
+		return Memory{}, notFound
+	case owner:
+	case m.Visibility != "public":
+		return Memory{}, kungfu.Errorf(kungfu.CodePrivateKungfu, "this memory is private")
+	case revision > 0 && revision != m.Current:
+		return Memory{}, kungfu.Errorf(kungfu.CodeNotOwner, "only the author can read earlier revisions")
+	}
+	if revision == 0 {
+		revision = m.Current
+	}
+	err = s.DB.QueryRow(ctx,
+		`SELECT revision, title, tags, description, content, checksum FROM memory_revisions
+		 WHERE memory_id = $1 AND revision = $2`, id, revision).
+		Scan(&m.Revision, &m.Title, &m.Tags, &m.Description, &m.Content, &m.Checksum)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Memory{}, kungfu.Errorf(kungfu.CodeNotFound, "memory %s has no revision %d", code, revision)
+	}
+	if err != nil {
+		return Memory{}, fmt.Errorf("get memory revision: %w", err)
+	}
+	m.Code = code
+	return m, nil
+}
+
+// Page is one page of the caller's memories.
+type Page struct {
+	Memories []Memory
+	Total    int
+	Offset   int
+}
+
+// List returns the caller's active standalone memories, most recently
+// updated first. Out-of-range paging values are clamped, not refused.
+func (s *Service) List(ctx context.Context, who kungfu.Caller, limit, offset int) (Page, error) {
+	if limit <= 0 {
+		limit = DefaultList
+	}
+	limit = min(limit, MaxList)
+	offset = max(0, min(offset, MaxOffset))
+	p := Page{Offset: offset, Memories: []Memory{}}
+	const where = `m.account_id = $1 AND m.status = 'active' AND m.origin = 'standalone'`
+	if err := s.DB.QueryRow(ctx, `SELECT count(*) FROM memories m WHERE `+where, who.AccountID).Scan(&p.Total); err != nil {
+		return Page{}, fmt.Errorf("count memories: %w", err)
+	}
+	rows, err := s.DB.Query(ctx,
+		`SELECT m.code, m.revision, m.visibility, m.status, m.origin, m.created_at, m.updated_at,
+		        r.title, r.tags, r.description, r.checksum
+		 FROM memories m JOIN memory_revisions r ON r.memory_id = m.id AND r.revision = m.revision
+		 WHERE `+where+` ORDER BY m.updated_at DESC, m.id DESC LIMIT $2 OFFSET $3`,
+		who.AccountID, limit, offset)
+	if err != nil {
+		return Page{}, fmt.Errorf("list memories: %w", err)
+	}
+	p.Memories, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Memory, error) {
+		m := Memory{Owner: who.Name, OwnerID: who.AccountID}
+		err := r.Scan(&m.Code, &m.Revision, &m.Visibility, &m.Status, &m.Origin, &m.CreatedAt, &m.UpdatedAt,
+			&m.Title, &m.Tags, &m.Description, &m.Checksum)
+		m.Current = m.Revision
+		return m, err
+	})
+	if err != nil {
+		return Page{}, fmt.Errorf("list memories: %w", err)
+	}
+	return p, nil
+}
+
+// SetVisibility makes the caller's active memory public or private. It is
+// idempotent: changed reports whether anything moved.
+func (s *Service) SetVisibility(ctx context.Context, who kungfu.Caller, code, visibility string) (changed bool, err error) {
+	err = s.own(ctx, who, code, func(tx pgx.Tx, id int64, h head) error {
+		if h.visibility == visibility {
+			return nil
+		}
+		changed = true
+		_, err := tx.Exec(ctx, `UPDATE memories SET visibility = $2, updated_at = $3 WHERE id = $1`, id, visibility, s.Now())
+		return err
+	})
+	return changed, err
+}
+
+// Delete withdraws the caller's memory. Withdrawal is terminal: no new
+// revisions, pins or listings, while existing pins keep their readability.
+func (s *Service) Delete(ctx context.Context, who kungfu.Caller, code string) (title string, err error) {
+	err = s.own(ctx, who, code, func(tx pgx.Tx, id int64, h head) error {
+		if err := tx.QueryRow(ctx, `SELECT title FROM memory_revisions WHERE memory_id = $1 AND revision = $2`, id, h.revision).Scan(&title); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE memories SET status = 'deleted', deleted_at = $2 WHERE id = $1`, id, s.Now())
+		return err
+	})
+	return title, err
+}
+
+// own runs fn on the caller's active memory under a row lock.
+func (s *Service) own(ctx context.Context, who kungfu.Caller, code string, fn func(pgx.Tx, int64, head) error) error {
+	code, err := NormalizeCode(code)
+	if err != nil {
+		return err
+	}
+	err = pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+		var (
+			id int64
+			h  head
+		)
+		err := tx.QueryRow(ctx,
+			`SELECT id, account_id, status, visibility, origin, revision FROM memories WHERE code = $1 FOR UPDATE`, code).
+			Scan(&id, &h.ownerID, &h.status, &h.visibility, &h.origin, &h.revision)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && h.status != "active") {
+			return kungfu.Errorf(kungfu.CodeNotFound, "no memory %s", code)
+		}
+		if err != nil {
+			return err
+		}
+		if h.ownerID != who.AccountID {
+			return kungfu.Errorf(kungfu.CodeNotOwner, "only the author can change this memory")
+		}
+		return fn(tx, id, h)
+	})
+	if err != nil && kungfu.AsError(err) == nil {
+		return fmt.Errorf("memory %s: %w", code, err)
+	}
+	return err
+}
+
+// NormalizeCode checks a memory code's shape and lowercases it.
+func NormalizeCode(code string) (string, error) {
+	code = strings.TrimSpace(code)
+	if !codeRE.MatchString(code) {
+		return "", kungfu.Errorf(kungfu.CodeInvalidCode, "a memory code is 12 hex characters")
+	}
+	return strings.ToLower(code), nil
+}
+
+func newCode() string {
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// check applies the protocol's content rules in the reference's order and
+// returns the normalised draft.
+func check(d Draft) (Draft, error) {
+	d.Title = strings.TrimSpace(d.Title)
+	d.Description = strings.TrimSpace(d.Description)
+	switch {
+	case d.Title == "":
+		return d, kungfu.Errorf(kungfu.CodeMissingField, "title is required")
+	case utf8.RuneCountInString(d.Title) > MaxTitle:
+		return d, kungfu.Errorf(kungfu.CodeTitleTooLong, "title is longer than %d characters", MaxTitle)
+	case len(d.Tags) == 0:
+		return d, kungfu.Errorf(kungfu.CodeInvalidTags, "give 1 to %d tags", MaxTags)
+	case len(d.Tags) > MaxTags:
+		return d, kungfu.Errorf(kungfu.CodeTooManyTags, "at most %d tags", MaxTags)
+	}
+	tags := make([]string, len(d.Tags))
+	for i, t := range d.Tags {
+		t = strings.TrimSpace(t)
+		switch {
+		case t == "":
+			return d, kungfu.Errorf(kungfu.CodeInvalidTags, "tag %d is empty", i+1)
+		case utf8.RuneCountInString(t) > MaxTag:
+			return d, kungfu.Errorf(kungfu.CodeTagTooLong, "tag %d is longer than %d characters", i+1, MaxTag)
+		}
+		tags[i] = t
+	}
+	d.Tags = tags
+	switch {
+	case utf8.RuneCountInString(d.Description) > MaxDescription:
+		return d, kungfu.Errorf(kungfu.CodeDescriptionTooLong, "description is longer than %d characters", MaxDescription)
+	case len(d.Content) > MaxContent:
+		return d, kungfu.Errorf(kungfu.CodeContentTooLarge, "content is larger than %d bytes", MaxContent)
+	case utf8.RuneCountInString(strings.TrimSpace(d.Content)) < MinContent:
+		return d, kungfu.Errorf(kungfu.CodeContentTooShort, "content needs at least %d characters", MinContent)
+	case !utf8.ValidString(d.Content):
+		return d, kungfu.Invalid(kungfu.FieldError{Field: "content", Message: "must be valid UTF-8"})
+	}
+	for _, s := range append([]string{d.Title, d.Description, d.Content}, d.Tags...) {
+		if kind := credential.Find(s); kind != "" {
+			return d, kungfu.Errorf(kungfu.CodeSensitiveContent, "the memory contains a credential-shaped string (%s); keep secrets out of shared material", kind)
+		}
+	}
+	return d, nil
+}

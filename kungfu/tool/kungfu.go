@@ -1,0 +1,36 @@
+package tool
+
+import (
+	"github.com/dojo-relay/dojo/kungfu/account"
+	"github.com/dojo-relay/dojo/kungfu/memory"
+)
+
+// Links are the public addresses a registration hands out.
+type Links struct {
+	MCP  string
+	API  string
+	Docs string
+}
+
+// Services are the domains the tools call into.
+type Services struct {
+	Accounts *account.Service
+	Memories *memory.Service
+	Links    Links
+}
+
+// Kungfu returns every Kungfu tool Dojo serves, in documentation order.
+func Kungfu(s Services) []*Tool {
+	var tools []*Tool
+	tools = append(tools, accountTools(s)...)
+	tools = append(tools, memoryTools(s)...)
+	return tools
+}
+
+// Rate-limit actions, named as in the protocol's limit table.
+const (
+	LimitRegister = "register"
+	LimitPush     = "push"
+	LimitGet      = "get"
+	LimitList     = "list"
+)

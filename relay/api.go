@@ -1,0 +1,56 @@
+package relay
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/gorilla/mux"
+
+	"github.com/dojo-relay/dojo/kungfu"
+)
+
+// serveAPI is the HTTP JSON twin: POST /api/v1/<tool>, one JSON object in,
+// one envelope out, the HTTP status taken from the error table.
+func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
+	name := mux.Vars(r)["tool"]
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		env := refusal(kungfu.Errorf(kungfu.CodeInvalidRequest, "use POST with a JSON object body"))
+		env.status = http.StatusMethodNotAllowed
+		writeEnvelope(w, env)
+		return
+	}
+	if _, ok := s.tools.Lookup(name); !ok {
+		writeEnvelope(w, refusal(kungfu.Errorf(kungfu.CodeUnknownTool, "no tool named %q; tools/list on /mcp lists them", name)))
+		return
+	}
+	who, authErr := s.authenticate(r)
+	body, bodyErr := readBody(w, r, maxAPIBody)
+	if bodyErr != nil {
+		writeEnvelope(w, refusal(bodyErr))
+		return
+	}
+	if t, _ := s.tools.Lookup(name); authErr != nil && !t.Public {
+		writeEnvelope(w, s.fail(r.Context(), name, authErr))
+		return
+	}
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 {
+		body = []byte(`{}`)
+	}
+	if !json.Valid(body) || body[0] != '{' {
+		writeEnvelope(w, refusal(kungfu.Invalid(kungfu.FieldError{Message: "the body must be one JSON object"})))
+		return
+	}
+	writeEnvelope(w, s.call(kungfu.WithCaller(r.Context(), who), who, name, body))
+}
+
+func readAll(r io.Reader) ([]byte, error) { return io.ReadAll(r) }
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+func parseForm(body []byte) (url.Values, error) { return url.ParseQuery(string(body)) }

@@ -1,0 +1,111 @@
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Rule allows Limit calls per Window.
+type Rule struct {
+	Limit  int
+	Window time.Duration
+}
+
+// DefaultLimits are the protocol's published limits.
+func DefaultLimits() map[string]Rule {
+	return map[string]Rule{
+		"register":    {5, time.Hour},
+		"owner_login": {20, 15 * time.Minute},
+		"push":        {60, time.Hour},
+		"get":         {300, time.Minute},
+		"list":        {120, time.Minute},
+	}
+}
+
+// ParseLimits reads "action=N/window,..." (e.g. "push=60/1h,get=300/1m")
+// over the defaults. "off" disables every limit.
+func ParseLimits(s string) (map[string]Rule, error) {
+	rules := DefaultLimits()
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return rules, nil
+	}
+	if s == "off" {
+		return map[string]Rule{}, nil
+	}
+	for part := range strings.SplitSeq(s, ",") {
+		name, spec, ok := strings.Cut(strings.TrimSpace(part), "=")
+		n, w, ok2 := strings.Cut(spec, "/")
+		if !ok || !ok2 {
+			return nil, fmt.Errorf("rate limit %q: want action=N/window", part)
+		}
+		limit, err := strconv.Atoi(n)
+		if err != nil || limit < 0 {
+			return nil, fmt.Errorf("rate limit %q: bad count", part)
+		}
+		window, err := time.ParseDuration(w)
+		if err != nil || window <= 0 {
+			return nil, fmt.Errorf("rate limit %q: bad window", part)
+		}
+		rules[name] = Rule{limit, window}
+	}
+	return rules, nil
+}
+
+// Limiter keeps sliding windows in Redis, so every dojo process shares them.
+type Limiter struct {
+	Redis  redis.UniversalClient
+	Prefix string
+	Rules  map[string]Rule
+}
+
+// The window is a sorted set of hit timestamps. Redis's own clock decides,
+// so processes with skewed clocks still agree.
+var slidingWindow = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local window = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+if redis.call('ZCARD', KEYS[1]) < limit then
+  redis.call('ZADD', KEYS[1], now, now .. '-' .. ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000))
+  return 0
+end
+local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return tonumber(oldest[2]) + window - now
+`)
+
+// Allow charges one hit of action to subject. It returns 0 when allowed,
+// otherwise how long until the oldest hit leaves the window.
+func (l *Limiter) Allow(ctx context.Context, action, subject string) (time.Duration, error) {
+	rule, ok := l.Rules[action]
+	if !ok || l.Redis == nil {
+		return 0, nil
+	}
+	if rule.Limit == 0 {
+		return rule.Window, nil
+	}
+	var nonce [6]byte
+	_, _ = rand.Read(nonce[:])
+	key := l.Prefix + "rl:" + action + ":" + subject
+	wait, err := slidingWindow.Run(ctx, l.Redis, []string{key},
+		rule.Window.Microseconds(), rule.Limit, hex.EncodeToString(nonce[:])).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("rate limit %s: %w", action, err)
+	}
+	return time.Duration(wait) * time.Microsecond, nil
+}
+
+// seconds rounds a wait up to whole seconds, at least 1.
+func seconds(d time.Duration) int {
+	return max(1, int(math.Ceil(d.Seconds())))
+}

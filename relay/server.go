@@ -1,0 +1,219 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/gorilla/mux"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dojo-relay/dojo/kungfu"
+	"github.com/dojo-relay/dojo/kungfu/account"
+	"github.com/dojo-relay/dojo/kungfu/tool"
+)
+
+// Body caps: the MCP transport takes 1 MiB, the HTTP JSON twin 512 KB plus
+// room for the envelope of a maximal work payload.
+const (
+	maxMCPBody = 1 << 20
+	maxAPIBody = 512*1024 + 4*1024
+)
+
+// Config is what the relay needs besides its dependencies.
+type Config struct {
+	// PublicURL prefixes the links Dojo hands out (no trailing slash).
+	PublicURL string
+	// TrustedProxies may set X-Forwarded-For; others are taken at their
+	// socket address.
+	TrustedProxies []netip.Prefix
+}
+
+// Server serves every door over one registry.
+type Server struct {
+	cfg      Config
+	db       *pgxpool.Pool
+	redis    redis.UniversalClient
+	accounts *account.Service
+	tools    *tool.Registry
+	limiter  *Limiter
+	log      *slog.Logger
+}
+
+// Deps are the server's collaborators.
+type Deps struct {
+	DB       *pgxpool.Pool
+	Redis    redis.UniversalClient
+	Accounts *account.Service
+	Tools    *tool.Registry
+	Limiter  *Limiter
+	Log      *slog.Logger
+}
+
+// New builds the relay.
+func New(cfg Config, d Deps) *Server {
+	if d.Log == nil {
+		d.Log = slog.Default()
+	}
+	cfg.PublicURL = strings.TrimRight(cfg.PublicURL, "/")
+	return &Server{cfg: cfg, db: d.DB, redis: d.Redis, accounts: d.Accounts, tools: d.Tools, limiter: d.Limiter, log: d.Log}
+}
+
+// Handler returns the HTTP routes.
+func (s *Server) Handler() http.Handler {
+	r := mux.NewRouter()
+	r.Handle("/mcp", s.mcpHandler())
+	r.HandleFunc("/api/v1/{tool}", s.serveAPI)
+	r.HandleFunc("/owner/key", s.serveOwnerKey)
+	r.HandleFunc("/healthz", s.serveHealth).Methods(http.MethodGet, http.MethodHead)
+	r.HandleFunc("/readyz", s.serveReady).Methods(http.MethodGet, http.MethodHead)
+	r.PathPrefix("/docs").HandlerFunc(s.serveDocs).Methods(http.MethodGet, http.MethodHead)
+	r.HandleFunc("/", s.serveIndex).Methods(http.MethodGet, http.MethodHead)
+	return r
+}
+
+// call runs one tool for who: authorization, rate limit, argument
+// validation, the handler, and the envelope. Both transports end here.
+func (s *Server) call(ctx context.Context, who kungfu.Caller, name string, args json.RawMessage) envelope {
+	t, ok := s.tools.Lookup(name)
+	if !ok {
+		return refusal(kungfu.Errorf(kungfu.CodeUnknownTool, "no tool named %q", name))
+	}
+	if !t.Public && who.Anonymous() {
+		return refusal(kungfu.Errorf(kungfu.CodeUnauthorized, "missing or invalid Agent key"))
+	}
+	if t.Limit != "" && s.limiter != nil {
+		subject := "a" + itoa(who.AccountID)
+		if t.LimitByIP {
+			subject = "ip" + who.IP
+		}
+		wait, err := s.limiter.Allow(ctx, t.Limit, subject)
+		if err != nil {
+			return s.internal(ctx, name, err)
+		}
+		if wait > 0 {
+			return rateLimited(wait)
+		}
+	}
+	if err := t.Validate(args); err != nil {
+		return s.fail(ctx, name, err)
+	}
+	result, err := t.Handler(ctx, who, args)
+	if err != nil {
+		return s.fail(ctx, name, err)
+	}
+	env, err := success(result)
+	if err != nil {
+		return s.internal(ctx, name, err)
+	}
+	return env
+}
+
+func rateLimited(wait time.Duration) envelope {
+	secs := seconds(wait)
+	return refusal(&kungfu.Error{Code: kungfu.CodeRateLimit, Message: "rate limited; retry after " + itoa(int64(secs)) + "s",
+		Details: map[string]any{"retry_after": secs}, RetryAfter: &secs})
+}
+
+func (s *Server) fail(ctx context.Context, name string, err error) envelope {
+	if e := kungfu.AsError(err); e != nil {
+		return refusal(e)
+	}
+	return s.internal(ctx, name, err)
+}
+
+func (s *Server) internal(ctx context.Context, name string, err error) envelope {
+	s.log.ErrorContext(ctx, "tool failed", "tool", name, "err", err)
+	return refusal(kungfu.Errorf(kungfu.CodeInternal, "internal error"))
+}
+
+// authenticate resolves the Authorization header. No header is anonymous;
+// a header that does not verify is reported so protected calls get 401.
+func (s *Server) authenticate(r *http.Request) (kungfu.Caller, error) {
+	who := kungfu.Caller{IP: s.clientIP(r)}
+	h := r.Header.Get("Authorization")
+	if h == "" {
+		return who, nil
+	}
+	scheme, token, ok := strings.Cut(strings.TrimSpace(h), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return who, kungfu.Errorf(kungfu.CodeUnauthorized, "use Authorization: Bearer <Agent key>")
+	}
+	c, err := s.accounts.Authenticate(r.Context(), strings.TrimSpace(token))
+	if err != nil {
+		return who, err
+	}
+	c.IP = who.IP
+	return c, nil
+}
+
+// clientIP is the socket peer, or the nearest untrusted X-Forwarded-For hop
+// when the peer is a trusted proxy.
+func (s *Server) clientIP(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	peer, err := netip.ParseAddr(host)
+	if err != nil || !s.trusted(peer) {
+		return host
+	}
+	hops := strings.Split(r.Header.Get("X-Forwarded-For"), ",")
+	for i := len(hops) - 1; i >= 0; i-- {
+		a, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
+		if err != nil {
+			break
+		}
+		if !s.trusted(a) || i == 0 {
+			return a.Unmap().String()
+		}
+	}
+	return host
+}
+
+func (s *Server) trusted(a netip.Addr) bool {
+	a = a.Unmap()
+	for _, p := range s.cfg.TrustedProxies {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+func writeEnvelope(w http.ResponseWriter, env envelope) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	if env.status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="dojo"`)
+	}
+	if env.status == http.StatusTooManyRequests {
+		var h head
+		if json.Unmarshal(env.body, &h) == nil && h.RetryAfter != nil {
+			w.Header().Set("Retry-After", itoa(int64(*h.RetryAfter)))
+		}
+	}
+	w.WriteHeader(env.status)
+	_, _ = w.Write(env.body)
+	_, _ = w.Write([]byte("\n"))
+}
+
+// readBody reads at most limit bytes; a larger body is PAYLOAD_TOO_LARGE.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *kungfu.Error) {
+	body, err := readAll(http.MaxBytesReader(w, r.Body, limit))
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		return nil, kungfu.Errorf(kungfu.CodePayloadTooLarge, "request body is larger than %d bytes", limit)
+	}
+	if err != nil {
+		return nil, kungfu.Errorf(kungfu.CodeInvalidRequest, "could not read the request body")
+	}
+	return body, nil
+}
