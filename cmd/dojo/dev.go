@@ -1,5 +1,330 @@
 package main
 
-import "context"
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
 
-func dev(ctx context.Context, args []string) error { return errUsage }
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+)
+
+// dev runs Dojo with zero configuration: it uses PostgreSQL and Redis
+// already answering on loopback, or starts private ones under ./.dojo/,
+// migrates, serves, and stops whatever it started on Ctrl-C.
+func dev(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	install := fs.Bool("install", false, "install missing PostgreSQL/Redis with apt-get (root only)")
+	private := fs.Bool("private", false, "always start private PostgreSQL and Redis under --dir")
+	dir := fs.String("dir", ".dojo", "where private services keep their data")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	c := env()
+	st := &stack{dir: *dir, install: *install}
+	defer st.stop()
+
+	var pgNote, redisNote string
+	switch {
+	case os.Getenv("DATABASE_URL") != "":
+		pgNote = "from DATABASE_URL"
+	case !*private && answers("127.0.0.1:5432"):
+		dsn, err := ensureDatabase(ctx, "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "dojo")
+		if err != nil {
+			return fmt.Errorf("PostgreSQL on 127.0.0.1:5432 answers but %w; set DATABASE_URL or use --private", err)
+		}
+		c.DatabaseURL, pgNote = dsn, "found on 127.0.0.1:5432"
+	default:
+		dsn, err := st.startPostgres(ctx)
+		if err != nil {
+			return err
+		}
+		c.DatabaseURL, pgNote = dsn, "private, data in "+filepath.Join(st.dir, "pg")
+	}
+	switch {
+	case os.Getenv("REDIS_URL") != "":
+		redisNote = "from REDIS_URL"
+	case !*private && answers("127.0.0.1:6379") && redisPings(ctx, "redis://127.0.0.1:6379/0"):
+		redisNote = "found on 127.0.0.1:6379"
+	default:
+		url, err := st.startRedis(ctx)
+		if err != nil {
+			return err
+		}
+		c.RedisURL, redisNote = url, "private, in memory"
+	}
+	if err := migrate(ctx, c); err != nil {
+		return err
+	}
+	return run(ctx, c, func(base string) {
+		fmt.Printf(`
+Dojo is running (dev mode).
+  MCP:        %[1]s/mcp
+  HTTP JSON:  %[1]s/api/v1/<tool>
+  Docs:       %[1]s/docs/
+  Key reset:  %[1]s/owner/key
+  PostgreSQL: %[2]s (%[3]s)
+  Redis:      %[4]s (%[5]s)
+
+Create your first account (the key is shown once):
+  curl -s %[1]s/api/v1/account_register -H 'Content-Type: application/json' \
+    -d '{"name":"my_first_agent","password":"change-me-please"}'
+
+Ctrl-C stops Dojo and everything it started.
+`, base, redact(c.DatabaseURL), pgNote, c.RedisURL, redisNote)
+	})
+}
+
+// stack is the private services dev started, so it can stop exactly those.
+type stack struct {
+	dir     string
+	install bool
+	pgData  string
+	pgCtl   string
+	asUser  string
+	redis   *exec.Cmd
+}
+
+func (s *stack) stop() {
+	if s.redis != nil && s.redis.Process != nil {
+		_ = s.redis.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = s.redis.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = s.redis.Process.Kill()
+		}
+	}
+	if s.pgData != "" {
+		_ = s.command(s.pgCtl, "-D", s.pgData, "-m", "fast", "-w", "stop").Run()
+	}
+}
+
+// command runs name as the PostgreSQL owner when Dojo runs as root, since
+// PostgreSQL refuses to run as root. Its own process group keeps a
+// terminal's Ctrl-C away, so Dojo stops it in order.
+func (s *stack) command(name string, args ...string) *exec.Cmd {
+	var cmd *exec.Cmd
+	if s.asUser != "" {
+		cmd = exec.Command("runuser", append([]string{"-u", s.asUser, "--", name}, args...)...)
+	} else {
+		cmd = exec.Command(name, args...)
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	return cmd
+}
+
+func (s *stack) startPostgres(ctx context.Context) (string, error) {
+	bin, err := s.find("pg_ctl", "postgresql", postgresBinDirs())
+	if err != nil {
+		return "", err
+	}
+	s.pgCtl = bin
+	initdb := filepath.Join(filepath.Dir(bin), "initdb")
+	data, err := filepath.Abs(filepath.Join(s.dir, "pg"))
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(data, 0o700); err != nil {
+		return "", err
+	}
+	if err := os.Chmod(s.dir, 0o755); err != nil {
+		return "", err
+	}
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			return "", errors.New("running as root, and PostgreSQL refuses root: create a 'postgres' user (apt-get install postgresql does) or run dojo dev as a normal user")
+		}
+		s.asUser = "postgres"
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := filepath.Walk(data, func(p string, _ os.FileInfo, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(p, uid, gid)
+		}); err != nil {
+			return "", err
+		}
+	}
+	if _, err := os.Stat(filepath.Join(data, "PG_VERSION")); err != nil {
+		out, err := s.command(initdb, "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale").CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("initdb: %v: %s", err, lastLine(out))
+		}
+	}
+	// A crashed earlier run may have left a server behind on this data.
+	_ = s.command(bin, "-D", data, "-m", "immediate", "-w", "stop").Run()
+	port, err := freePort()
+	if err != nil {
+		return "", err
+	}
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1", port, data)
+	out, err := s.command(bin, "-D", data, "-l", filepath.Join(data, "server.log"), "-o", opts, "-w", "-t", "60", "start").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("start PostgreSQL: %v: %s (see %s)", err, lastLine(out), filepath.Join(data, "server.log"))
+	}
+	s.pgData = data
+	return ensureDatabase(ctx, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port), "dojo")
+}
+
+func (s *stack) startRedis(ctx context.Context) (string, error) {
+	bin, err := s.find("redis-server", "redis-server", nil)
+	if err != nil {
+		return "", err
+	}
+	port, err := freePort()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("start redis-server: %w", err)
+	}
+	s.redis = cmd
+	url := fmt.Sprintf("redis://127.0.0.1:%d/0", port)
+	for range 100 {
+		if redisPings(ctx, url) {
+			return url, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return "", errors.New("redis-server did not answer within 5 s")
+}
+
+// find locates a binary, installing its Debian package first when allowed.
+func (s *stack) find(name, pkg string, dirs []string) (string, error) {
+	look := func() string {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+		for _, d := range dirs {
+			if p := filepath.Join(d, name); isExec(p) {
+				return p
+			}
+		}
+		return ""
+	}
+	if p := look(); p != "" {
+		return p, nil
+	}
+	if !s.install || os.Geteuid() != 0 {
+		return "", fmt.Errorf("%s is not installed and nothing answers on loopback: run `apt-get install -y postgresql redis-server` (or `dojo dev --install` as root)", name)
+	}
+	fmt.Printf("dojo: installing %s with apt-get…\n", pkg)
+	for _, args := range [][]string{{"update"}, {"install", "-y", "--no-install-recommends", pkg}} {
+		cmd := exec.Command("apt-get", args...)
+		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("apt-get %s: %v: %s", strings.Join(args, " "), err, lastLine(out))
+		}
+	}
+	if dirs != nil {
+		dirs = postgresBinDirs()
+	}
+	if p := look(); p != "" {
+		return p, nil
+	}
+	return "", fmt.Errorf("%s still not found after installing %s", name, pkg)
+}
+
+// postgresBinDirs lists Debian's versioned server directories, newest first.
+func postgresBinDirs() []string {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool {
+		a, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[i])))
+		b, _ := strconv.Atoi(filepath.Base(filepath.Dir(dirs[j])))
+		return a > b
+	})
+	return dirs
+}
+
+func isExec(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+}
+
+func answers(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	_ = c.Close()
+	return true
+}
+
+func redisPings(ctx context.Context, url string) bool {
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		return false
+	}
+	c := redis.NewClient(opt)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	return c.Ping(ctx).Err() == nil
+}
+
+// ensureDatabase creates db on the server behind admin if it is missing and
+// returns a URL for it.
+func ensureDatabase(ctx context.Context, admin, db string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		return "", fmt.Errorf("cannot connect as postgres: %w", err)
+	}
+	defer conn.Close(ctx)
+	var exists bool
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, db).Scan(&exists); err != nil {
+		return "", err
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, `CREATE DATABASE `+pgx.Identifier{db}.Sanitize()); err != nil {
+			var again bool
+			if conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, db).Scan(&again); !again {
+				return "", fmt.Errorf("create database %s: %w", db, err)
+			}
+		}
+	}
+	return strings.Replace(admin, "/postgres?", "/"+db+"?", 1), nil
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func lastLine(b []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
+}
+
+func redact(dsn string) string {
+	if i := strings.Index(dsn, "://"); i >= 0 {
+		if at := strings.Index(dsn[i+3:], "@"); at >= 0 {
+			if colon := strings.Index(dsn[i+3:i+3+at], ":"); colon >= 0 {
+				return dsn[:i+3+colon] + ":***" + dsn[i+3+at:]
+			}
+		}
+	}
+	return dsn
+}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,6 +12,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/tool"
@@ -116,11 +117,20 @@ func (c config) options() (relay.Options, error) {
 	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return relay.Options{}, fmt.Errorf("DOJO_LOG_LEVEL: %w", err)
 	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	// go-redis prints its own retries; route them through slog at debug so a
+	// refusal to start stays one line.
+	redis.SetLogger(redisLog{log})
 	return relay.Options{
 		DatabaseURL: c.DatabaseURL, RedisURL: c.RedisURL, RedisPrefix: c.RedisPrefix,
-		PublicURL: public, Limits: limits, TrustedProxies: proxies,
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
+		PublicURL: public, Limits: limits, TrustedProxies: proxies, Log: log,
 	}, nil
+}
+
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, fmt.Sprintf(format, v...), "component", "redis")
 }
 
 func migrate(ctx context.Context, c config) error {
@@ -133,7 +143,11 @@ func migrate(ctx context.Context, c config) error {
 }
 
 // serve runs until SIGINT/SIGTERM, then drains and exits 0.
-func serve(ctx context.Context, c config) error {
+func serve(ctx context.Context, c config) error { return run(ctx, c, nil) }
+
+// run opens Dojo, listens, calls ready with the public base URL once
+// requests are accepted, and serves until ctx ends.
+func run(ctx context.Context, c config, ready func(base string)) error {
 	opts, err := c.options()
 	if err != nil {
 		return err
@@ -148,6 +162,9 @@ func serve(ctx context.Context, c config) error {
 		return fmt.Errorf("listen on %s: %w", c.Addr, err)
 	}
 	opts.Log.Info("dojo serving", "addr", ln.Addr().String(), "public", opts.PublicURL, "version", kungfu.Version)
+	if ready != nil {
+		ready(opts.PublicURL)
+	}
 	return app.Serve(ctx, ln)
 }
 
@@ -177,5 +194,3 @@ func firstSentence(s string) string {
 	}
 	return s
 }
-
-var errUsage = errors.New("usage")

@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dojo-relay/dojo/kungfu/kungfutest"
+)
+
+// The test binary doubles as the dojo binary: with DOJO_TEST_EXEC=1 it runs
+// main, so process tests exercise the real command, race detector included.
+func TestMain(m *testing.M) {
+	if os.Getenv("DOJO_TEST_EXEC") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func command(t *testing.T, env map[string]string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = []string{"DOJO_TEST_EXEC=1", "PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	return cmd
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	p, err := freePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", p)
+}
+
+// emptyDatabase is a database with no migrations applied.
+func emptyDatabase(t *testing.T) string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, kungfutest.AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	name := fmt.Sprintf("dojo_empty_%d", time.Now().UnixNano())
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c, err := pgx.Connect(context.Background(), kungfutest.AdminURL())
+		if err == nil {
+			_, _ = c.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+			c.Close(context.Background())
+		}
+	})
+	return strings.Replace(kungfutest.AdminURL(), "/postgres?", "/"+name+"?", 1)
+}
+
+func TestServeRefusesToStart(t *testing.T) {
+	t.Parallel()
+	good := kungfutest.DatabaseURL(t)
+	cases := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"postgres down", map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/x?sslmode=disable"}, "postgres at 127.0.0.1:1 is unreachable"},
+		{"not migrated", map[string]string{"DATABASE_URL": emptyDatabase(t)}, "not migrated (2 migrations pending): run `dojo migrate`"},
+		{"redis down", map[string]string{"DATABASE_URL": good, "REDIS_URL": "redis://127.0.0.1:1/0"}, "redis at 127.0.0.1:1 is unreachable"},
+	}
+	for _, c := range cases {
+		c.env["DOJO_ADDR"] = freeAddr(t)
+		if c.env["REDIS_URL"] == "" {
+			c.env["REDIS_URL"] = kungfutest.RedisURL()
+		}
+		var stderr bytes.Buffer
+		cmd := command(t, c.env, "serve")
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		exit, _ := err.(*exec.ExitError)
+		if exit == nil || exit.ExitCode() != 1 {
+			t.Errorf("%s: exit %v", c.name, err)
+		}
+		lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+		if len(lines) != 1 || !strings.Contains(lines[0], c.want) {
+			t.Errorf("%s: stderr %q, want one line containing %q", c.name, stderr.String(), c.want)
+		}
+	}
+}
+
+func TestMigrateIsIdempotent(t *testing.T) {
+	t.Parallel()
+	dsn := emptyDatabase(t)
+	for _, want := range []string{"2 migrations applied", "0 migrations applied"} {
+		out, err := command(t, map[string]string{"DATABASE_URL": dsn}, "migrate").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), want) {
+			t.Fatalf("migrate: %v %s, want %q", err, out, want)
+		}
+	}
+}
+
+// server is one `dojo serve` process.
+type server struct {
+	cmd  *exec.Cmd
+	base string
+	out  *bytes.Buffer
+}
+
+func startServe(t *testing.T, env map[string]string) *server {
+	t.Helper()
+	addr := freeAddr(t)
+	env["DOJO_ADDR"] = addr
+	cmd := command(t, env, "serve")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &server{cmd: cmd, base: "http://" + addr, out: &out}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for range 200 {
+		if resp, err := http.Get(s.base + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return s
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("dojo serve did not become ready: %s", out.String())
+	return nil
+}
+
+func call(t *testing.T, base, key, tool string, args any) map[string]any {
+	t.Helper()
+	b, _ := json.Marshal(args)
+	req, _ := http.NewRequest(http.MethodPost, base+"/api/v1/"+tool, bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var env map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&env)
+	env["http_status"] = float64(resp.StatusCode)
+	return env
+}
+
+func stopGracefully(t *testing.T, s *server) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("dojo serve exited with %v after SIGTERM: %s", err, s.out.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("dojo serve did not exit after SIGTERM")
+	}
+}
+
+func TestTwoServersShareRateLimits(t *testing.T) {
+	t.Parallel()
+	dsn := kungfutest.DatabaseURL(t)
+	pfx := kungfutest.RedisPrefix(t)
+	mk := func() map[string]string {
+		return map[string]string{"DATABASE_URL": dsn, "REDIS_URL": kungfutest.RedisURL(), "DOJO_REDIS_PREFIX": pfx, "DOJO_RATE_LIMITS": "push=3/1h"}
+	}
+	a, b := startServe(t, mk()), startServe(t, mk())
+	reg := call(t, a.base, "", "account_register", map[string]any{"name": "shared_limit", "password": "secret1"})
+	key, _ := reg["api_key"].(string)
+	if key == "" {
+		t.Fatalf("register: %v", reg)
+	}
+	put := map[string]any{"title": "t", "tags": []string{"x"}, "content": strings.Repeat("shared window ", 5)}
+	for i, s := range []*server{a, b, a} {
+		if r := call(t, s.base, key, "memory_put", put); r["ok"] != true {
+			t.Fatalf("put %d: %v", i, r)
+		}
+	}
+	r := call(t, b.base, key, "memory_put", put)
+	if r["http_status"] != float64(429) || r["error"].(map[string]any)["code"] != "RATE_LIMIT" {
+		t.Fatalf("fourth put through the other process: %v", r)
+	}
+	r = call(t, a.base, key, "memory_put", put)
+	if r["http_status"] != float64(429) {
+		t.Fatalf("fifth put: %v", r)
+	}
+	stopGracefully(t, a)
+	stopGracefully(t, b)
+}
+
+// A request in flight when SIGTERM arrives is finished, then dojo exits 0.
+func TestSIGTERMFinishesInFlight(t *testing.T) {
+	t.Parallel()
+	s := startServe(t, map[string]string{"DATABASE_URL": kungfutest.DatabaseURL(t), "REDIS_URL": kungfutest.RedisURL(),
+		"DOJO_REDIS_PREFIX": kungfutest.RedisPrefix(t)})
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"name":"late_arrival","password":"secret1"}`
+	fmt.Fprintf(conn, "POST /api/v1/account_register HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:10])
+	time.Sleep(200 * time.Millisecond)
+	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	// New connections are refused while the in-flight one finishes.
+	if c, err := net.DialTimeout("tcp", strings.TrimPrefix(s.base, "http://"), time.Second); err == nil {
+		c.Close()
+		t.Error("dojo still accepted a new connection after SIGTERM")
+	}
+	_, _ = io.WriteString(conn, body[10:])
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("in-flight request lost: %v", err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !strings.Contains(string(raw), `"ok":true`) {
+		t.Fatalf("in-flight request: %d %s", resp.StatusCode, raw)
+	}
+	if err := s.cmd.Wait(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v\n%s", err, s.out.String())
+	}
+}
+
+func TestToolsMarkdownIsCurrent(t *testing.T) {
+	var buf bytes.Buffer
+	if err := tools(&buf, []string{"--markdown"}); err != nil {
+		t.Fatal(err)
+	}
+	onDisk, err := os.ReadFile(filepath.Join("..", "..", "docs", "tools.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(buf.Bytes(), onDisk) {
+		t.Fatal("docs/tools.md is stale: run `go run ./cmd/dojo tools --markdown > docs/tools.md`")
+	}
+	if !strings.Contains(buf.String(), "### `memory_put`") || !strings.Contains(buf.String(), "| `title` | string | yes |") {
+		t.Fatalf("markdown lacks tool details:\n%s", buf.String())
+	}
+}
