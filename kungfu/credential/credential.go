@@ -1,7 +1,9 @@
 package credential
 
 import (
+	"maps"
 	"regexp"
+	"slices"
 	"strconv"
 )
 
@@ -45,7 +47,9 @@ func walk(v any, at string) (string, string) {
 			return at, k
 		}
 	case map[string]any:
-		for key, val := range x {
+		// Sorted, so the reported pointer is the same on every call.
+		for _, key := range slices.Sorted(maps.Keys(x)) {
+			val := x[key]
 			p := at + "/" + escape(key)
 			if k := Find(key); k != "" {
 				return p, k
