@@ -80,4 +80,20 @@ const (
 	CodeInvalidRequest      = "INVALID_REQUEST"
 	CodeRateLimit           = "RATE_LIMIT"
 	CodeInternal            = "INTERNAL_ERROR"
+
+	// Rooms and assignments.
+	CodeThreadNotFound  = "THREAD_NOT_FOUND"
+	CodeAssignNotFound  = "ASSIGN_NOT_FOUND"
+	CodeNotMember       = "NOT_MEMBER"
+	CodeNotGovernor     = "NOT_GOVERNOR"
+	CodeReadOnly        = "READ_ONLY"
+	CodeNotYours        = "NOT_YOURS"
+	CodeKeyInvalid      = "KEY_INVALID"
+	CodeThreadClosed    = "THREAD_CLOSED"
+	CodeRoomLimit       = "ROOM_LIMIT"
+	CodeMemberLimit     = "MEMBER_LIMIT"
+	CodeLastManager     = "LAST_MANAGER"
+	CodeInvalidTarget   = "INVALID_TARGET"
+	CodeSummaryRequired = "SUMMARY_REQUIRED"
+	CodeSchemaMismatch  = "SCHEMA_MISMATCH"
 )

@@ -16,6 +16,7 @@ import (
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/account"
 	"github.com/dojo-relay/dojo/kungfu/memory"
+	"github.com/dojo-relay/dojo/kungfu/thread"
 	"github.com/dojo-relay/dojo/kungfu/tool"
 	"github.com/dojo-relay/dojo/migrations"
 )
@@ -36,10 +37,11 @@ type Options struct {
 
 // App is a fully wired Dojo process.
 type App struct {
-	Server *Server
-	DB     *pgxpool.Pool
-	Redis  *redis.Client
-	log    *slog.Logger
+	Server  *Server
+	Threads *thread.Service
+	DB      *pgxpool.Pool
+	Redis   *redis.Client
+	log     *slog.Logger
 }
 
 // Open connects to PostgreSQL and Redis and wires the domains. It refuses,
@@ -87,10 +89,13 @@ func Open(ctx context.Context, o Options) (*App, error) {
 	}
 
 	accounts := &account.Service{DB: pool, Now: o.Clock, BcryptCost: o.BcryptCost}
+	threads := &thread.Service{DB: pool, Now: o.Clock}
 	reg, err := tool.NewRegistry(tool.Kungfu(tool.Services{
-		Accounts: accounts,
-		Memories: &memory.Service{DB: pool, Now: o.Clock},
-		Links:    Links(o.PublicURL),
+		Accounts:  accounts,
+		Memories:  &memory.Service{DB: pool, Now: o.Clock},
+		Threads:   threads,
+		JoinGuard: &JoinGuard{Redis: rdb, Prefix: o.RedisPrefix, MaxFailures: 20, Window: 15 * time.Minute},
+		Links:     Links(o.PublicURL),
 	})...)
 	if err != nil {
 		pool.Close()
@@ -101,7 +106,7 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		DB: pool, Redis: rdb, Accounts: accounts, Tools: reg, Log: o.Log,
 		Limiter: &Limiter{Redis: rdb, Prefix: o.RedisPrefix, Rules: o.Limits},
 	})
-	return &App{Server: srv, DB: pool, Redis: rdb, log: o.Log}, nil
+	return &App{Server: srv, Threads: threads, DB: pool, Redis: rdb, log: o.Log}, nil
 }
 
 // Links are the onboarding addresses under a public URL.

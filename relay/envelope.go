@@ -45,6 +45,21 @@ var errorTable = map[string]codeInfo{
 	kungfu.CodeInvalidRequest:      {http.StatusBadRequest, ""},
 	kungfu.CodeRateLimit:           {http.StatusTooManyRequests, "wait"},
 	kungfu.CodeInternal:            {http.StatusInternalServerError, ""},
+
+	kungfu.CodeThreadNotFound:  {http.StatusNotFound, "stop"},
+	kungfu.CodeAssignNotFound:  {http.StatusNotFound, "stop"},
+	kungfu.CodeNotMember:       {http.StatusForbidden, "stop"},
+	kungfu.CodeNotGovernor:     {http.StatusForbidden, "retry"},
+	kungfu.CodeReadOnly:        {http.StatusForbidden, "stop"},
+	kungfu.CodeNotYours:        {http.StatusForbidden, "stop"},
+	kungfu.CodeKeyInvalid:      {http.StatusUnauthorized, "stop"},
+	kungfu.CodeThreadClosed:    {http.StatusConflict, "stop"},
+	kungfu.CodeRoomLimit:       {http.StatusConflict, "stop"},
+	kungfu.CodeMemberLimit:     {http.StatusConflict, "stop"},
+	kungfu.CodeLastManager:     {http.StatusConflict, "retry"},
+	kungfu.CodeInvalidTarget:   {http.StatusUnprocessableEntity, "retry"},
+	kungfu.CodeSummaryRequired: {http.StatusUnprocessableEntity, "revise"},
+	kungfu.CodeSchemaMismatch:  {http.StatusUnprocessableEntity, "revise"},
 }
 
 // statusOf returns the HTTP status for a refusal code.

@@ -27,6 +27,11 @@ func DefaultLimits() map[string]Rule {
 		"push":        {60, time.Hour},
 		"get":         {300, time.Minute},
 		"list":        {120, time.Minute},
+		// Rooms: every room and assignment write, starts, and reads.
+		"thread_write":    {120, time.Minute},
+		"thread_start":    {30, time.Hour},
+		"thread_read":     {600, time.Minute},
+		"notify_register": {5, time.Hour},
 	}
 }
 
@@ -108,4 +113,42 @@ func (l *Limiter) Allow(ctx context.Context, action, subject string) (time.Durat
 // seconds rounds a wait up to whole seconds, at least 1.
 func seconds(d time.Duration) int {
 	return max(1, int(math.Ceil(d.Seconds())))
+}
+
+// JoinGuard counts failed room joins per account in a fixed Redis window:
+// after MaxFailures in Window every join answers KEY_INVALID, so keys
+// cannot be guessed by any number of processes together.
+type JoinGuard struct {
+	Redis       redis.UniversalClient
+	Prefix      string
+	MaxFailures int64
+	Window      time.Duration
+}
+
+func (g *JoinGuard) key(accountID int64) string {
+	return g.Prefix + "joinfail:" + strconv.FormatInt(accountID, 10)
+}
+
+// Blocked reports whether the account used up its failures.
+func (g *JoinGuard) Blocked(ctx context.Context, accountID int64) (bool, error) {
+	n, err := g.Redis.Get(ctx, g.key(accountID)).Int64()
+	if err == redis.Nil {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("join guard: %w", err)
+	}
+	return n >= g.MaxFailures, nil
+}
+
+// Failed records one failed join.
+func (g *JoinGuard) Failed(ctx context.Context, accountID int64) error {
+	k := g.key(accountID)
+	pipe := g.Redis.TxPipeline()
+	pipe.Incr(ctx, k)
+	pipe.ExpireNX(ctx, k, g.Window)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("join guard: %w", err)
+	}
+	return nil
 }

@@ -51,6 +51,7 @@ type Draft struct {
 
 // Memory is one revision of a memory with its head facts.
 type Memory struct {
+	ID          int64
 	Code        string
 	Owner       string
 	OwnerID     int64
@@ -89,23 +90,38 @@ func (s *Service) Put(ctx context.Context, who kungfu.Caller, code string, d Dra
 	return m, false, err
 }
 
-// Create stores a new memory with the given origin; rooms use origin
-// "thread" for entry content. The draft must already be checked.
 func (s *Service) create(ctx context.Context, who kungfu.Caller, d Draft, origin string) (Memory, error) {
-	now := s.Now()
+	var m Memory
+	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+		var err error
+		m, err = Insert(ctx, tx, who.AccountID, origin, d, s.Now())
+		return err
+	})
+	if err != nil {
+		return Memory{}, fmt.Errorf("create memory: %w", err)
+	}
+	m.Owner = who.Name
+	return m, nil
+}
+
+// Insert stores a new memory at revision 1 inside tx. Rooms call it with
+// origin "thread" for entry content, in the entry's own transaction. A code
+// collision is retried under a savepoint so the caller's transaction lives.
+func Insert(ctx context.Context, tx pgx.Tx, accountID int64, origin string, d Draft, now time.Time) (Memory, error) {
 	for range 5 {
 		code := newCode()
 		var m Memory
-		err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
 			var id int64
-			if err := tx.QueryRow(ctx,
+			if err := sp.QueryRow(ctx,
 				`INSERT INTO memories (code, account_id, origin, revision, created_at, updated_at)
 				 VALUES ($1, $2, $3, 1, $4, $4) RETURNING id`,
-				code, who.AccountID, origin, now).Scan(&id); err != nil {
+				code, accountID, origin, now).Scan(&id); err != nil {
 				return err
 			}
 			var err error
-			m, err = insertRevision(ctx, tx, id, 1, d, now)
+			m, err = insertRevision(ctx, sp, id, 1, d, now)
+			m.ID = id
 			return err
 		})
 		var pgErr *pgconn.PgError
@@ -113,14 +129,67 @@ func (s *Service) create(ctx context.Context, who kungfu.Caller, d Draft, origin
 			continue // code collision: draw again
 		}
 		if err != nil {
-			return Memory{}, fmt.Errorf("create memory: %w", err)
+			return Memory{}, err
 		}
-		m.Code, m.Owner, m.OwnerID = code, who.Name, who.AccountID
+		m.Code, m.OwnerID = code, accountID
 		m.Current, m.Visibility, m.Status, m.Origin = 1, "private", "active", origin
 		m.CreatedAt, m.UpdatedAt = now, now
 		return m, nil
 	}
 	return Memory{}, errors.New("create memory: could not draw a free code")
+}
+
+// Head is a memory's current facts, for pinning.
+type Head struct {
+	ID         int64
+	Code       string
+	OwnerID    int64
+	Revision   int
+	Visibility string
+	Status     string
+	Origin     string
+	Title      string
+	Checksum   string
+}
+
+// LookupHead reads a memory's current facts inside tx, locking the head row
+// against a concurrent update or withdrawal while the caller pins it.
+func LookupHead(ctx context.Context, tx pgx.Tx, code string) (Head, error) {
+	code, err := NormalizeCode(code)
+	if err != nil {
+		return Head{}, err
+	}
+	var h Head
+	err = tx.QueryRow(ctx,
+		`SELECT m.id, m.code, m.account_id, m.revision, m.visibility, m.status, m.origin, r.title, r.checksum
+		 FROM memories m JOIN memory_revisions r ON r.memory_id = m.id AND r.revision = m.revision
+		 WHERE m.code = $1 FOR SHARE OF m`, code).
+		Scan(&h.ID, &h.Code, &h.OwnerID, &h.Revision, &h.Visibility, &h.Status, &h.Origin, &h.Title, &h.Checksum)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Head{}, kungfu.Errorf(kungfu.CodeNotFound, "no memory %s", code)
+	}
+	return h, err
+}
+
+// Revision reads one stored revision by memory id, whatever the memory's
+// status: callers decide readability.
+func Revision(ctx context.Context, q interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, id int64, rev int) (Memory, error) {
+	var m Memory
+	err := q.QueryRow(ctx,
+		`SELECT m.code, m.account_id, a.name, m.revision, m.visibility, m.status, m.origin, m.created_at, m.updated_at,
+		        r.revision, r.title, r.tags, r.description, r.content, r.checksum
+		 FROM memories m JOIN accounts a ON a.id = m.account_id
+		 JOIN memory_revisions r ON r.memory_id = m.id AND r.revision = $2
+		 WHERE m.id = $1`, id, rev).
+		Scan(&m.Code, &m.OwnerID, &m.Owner, &m.Current, &m.Visibility, &m.Status, &m.Origin, &m.CreatedAt, &m.UpdatedAt,
+			&m.Revision, &m.Title, &m.Tags, &m.Description, &m.Content, &m.Checksum)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Memory{}, kungfu.Errorf(kungfu.CodeNotFound, "no such memory revision")
+	}
+	m.ID = id
+	return m, err
 }
 
 func (s *Service) update(ctx context.Context, who kungfu.Caller, code string, d Draft) (Memory, error) {
@@ -145,6 +214,10 @@ func (s *Service) update(ctx context.Context, who kungfu.Caller, code string, d 
 		}
 		if h.ownerID != who.AccountID {
 			return kungfu.Errorf(kungfu.CodeNotOwner, "only the author can update this memory")
+		}
+		if h.origin != "standalone" {
+			// A room entry is immutable: corrections are new entries.
+			return kungfu.Errorf(kungfu.CodeNotOwner, "room entry content cannot be revised; post a new entry")
 		}
 		rev := h.revision + 1
 		if _, err := tx.Exec(ctx, `UPDATE memories SET revision = $2, updated_at = $3 WHERE id = $1`, id, rev, now); err != nil {

@@ -3,6 +3,7 @@ package tool
 import (
 	"github.com/dojo-relay/dojo/kungfu/account"
 	"github.com/dojo-relay/dojo/kungfu/memory"
+	"github.com/dojo-relay/dojo/kungfu/thread"
 )
 
 // Links are the public addresses a registration hands out.
@@ -14,9 +15,11 @@ type Links struct {
 
 // Services are the domains the tools call into.
 type Services struct {
-	Accounts *account.Service
-	Memories *memory.Service
-	Links    Links
+	Accounts  *account.Service
+	Memories  *memory.Service
+	Threads   *thread.Service
+	JoinGuard JoinGuard
+	Links     Links
 }
 
 // Kungfu returns every Kungfu tool Dojo serves, in documentation order.
@@ -24,6 +27,9 @@ func Kungfu(s Services) []*Tool {
 	var tools []*Tool
 	tools = append(tools, accountTools(s)...)
 	tools = append(tools, memoryTools(s)...)
+	tools = append(tools, threadTools(s)...)
+	tools = append(tools, assignTools(s)...)
+	tools = append(tools, turnTools(s)...)
 	return tools
 }
 

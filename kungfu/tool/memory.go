@@ -28,6 +28,7 @@ type putOut struct {
 type getIn struct {
 	Code     string `json:"code"`
 	Revision int    `json:"revision"`
+	Assign   int64  `json:"assign"`
 }
 
 type getOut struct {
@@ -151,14 +152,25 @@ func memoryTools(s Services) []*Tool {
 		Name:  "memory_get",
 		Group: "Memory",
 		Description: "Read one memory. Yours at any revision (even after withdrawal, with revision); anyone " +
-			"else's only at the current version while it is active and public.",
+			"else's only at the current version while it is active and public; with assign, a room member reads " +
+			"the exact version that assignment's delivery pinned, even if it is now private, revised or withdrawn.",
 		Schema: `{"type":"object","properties":{
 			"code":{"type":"string","description":"the memory's 12-hex code"},
-			"revision":{"type":"integer","minimum":1,"description":"a specific version (authors only)"}},
+			"revision":{"type":"integer","minimum":1,"description":"a specific version (authors only)"},
+			"assign":{"type":"integer","description":"read the exact version this assignment's delivery pinned (room members)"}},
 			"required":["code"],"additionalProperties":false}`,
 		Limit: LimitGet,
 		Handler: Decode(func(ctx context.Context, who kungfu.Caller, in getIn) (any, error) {
-			x, err := m.Get(ctx, who, in.Code, in.Revision)
+			var x memory.Memory
+			var err error
+			switch {
+			case in.Assign != 0 && in.Revision != 0:
+				return nil, kungfu.Invalid(kungfu.FieldError{Field: "assign", Message: "give revision or assign, not both"})
+			case in.Assign != 0:
+				x, err = s.Threads.PinnedMemory(ctx, who, in.Assign, in.Code)
+			default:
+				x, err = m.Get(ctx, who, in.Code, in.Revision)
+			}
 			if err != nil {
 				return nil, err
 			}
