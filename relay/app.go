@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,15 +11,19 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/account"
 	"github.com/dojo-relay/dojo/kungfu/memory"
+	"github.com/dojo-relay/dojo/kungfu/notify"
 	"github.com/dojo-relay/dojo/kungfu/thread"
 	"github.com/dojo-relay/dojo/kungfu/tool"
 	"github.com/dojo-relay/dojo/migrations"
+	"github.com/dojo-relay/dojo/queue"
+	"github.com/dojo-relay/dojo/signing"
 )
 
 // Options configure one Dojo process.
@@ -29,6 +34,19 @@ type Options struct {
 	PublicURL      string
 	Limits         map[string]Rule
 	TrustedProxies []netip.Prefix
+	// SecretKey seals secrets Dojo must use again and signs what it sends.
+	SecretKey *signing.ServerKey
+	// AllowTargets lets outbound POSTs reach these otherwise refused
+	// (private, loopback) addresses: tests and local daemons opt in here.
+	AllowTargets []netip.Prefix
+	// RootCAs, when set, replaces the system roots for outbound TLS (tests).
+	RootCAs *x509.CertPool
+	// Queue names the asynq queue; processes sharing one serve each other.
+	Queue string
+	// Sweep is how often PostgreSQL is swept for work Redis lost (default 5 s).
+	Sweep time.Duration
+	// NotifyBackoff overrides the wait between notify tries (tests).
+	NotifyBackoff func(attempts int) time.Duration
 	// BcryptCost is for tests; zero means bcrypt's default.
 	BcryptCost int
 	Clock      kungfu.Clock
@@ -39,6 +57,8 @@ type Options struct {
 type App struct {
 	Server  *Server
 	Threads *thread.Service
+	Notify  *notify.Service
+	Engine  *queue.Engine
 	DB      *pgxpool.Pool
 	Redis   *redis.Client
 	log     *slog.Logger
@@ -53,6 +73,15 @@ func Open(ctx context.Context, o Options) (*App, error) {
 	}
 	if o.Log == nil {
 		o.Log = slog.Default()
+	}
+	if o.SecretKey == nil {
+		return nil, errors.New("DOJO_SECRET_KEY is not set: run `dojo keygen` and export its output")
+	}
+	if o.Queue == "" {
+		o.Queue = "dojo"
+	}
+	if o.Sweep <= 0 {
+		o.Sweep = 5 * time.Second
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -88,12 +117,31 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		return nil, fmt.Errorf("redis at %s is unreachable: %w", ropt.Addr, err)
 	}
 
+	engine, err := queue.NewEngine(o.RedisURL, o.Queue, o.Log)
+	if err != nil {
+		pool.Close()
+		_ = rdb.Close()
+		return nil, fmt.Errorf("queue: %w", err)
+	}
 	accounts := &account.Service{DB: pool, Now: o.Clock, BcryptCost: o.BcryptCost}
-	threads := &thread.Service{DB: pool, Now: o.Clock}
+	notifier := &queue.Notifier{Client: queue.NewOutbound(o.AllowTargets, o.RootCAs), Engine: engine, Log: o.Log, Sweep: o.Sweep}
+	notes := &notify.Service{DB: pool, Now: o.Clock, Keys: o.SecretKey, Verifier: notifier, Backoff: o.NotifyBackoff}
+	notifier.Service = notes
+	notifier.Register(engine)
+	threads := &thread.Service{DB: pool, Now: o.Clock, Notify: roomNotify{notes, notifier}, Wake: engine}
+	engine.Handle(thread.TaskDeadline, func(ctx context.Context, id int64) error {
+		_, err := threads.Expire(ctx, id)
+		return err
+	})
+	engine.Every("assign-sweep", o.Sweep, func(ctx context.Context) error {
+		_, err := threads.Sweep(ctx, 50)
+		return err
+	})
 	reg, err := tool.NewRegistry(tool.Kungfu(tool.Services{
 		Accounts:  accounts,
 		Memories:  &memory.Service{DB: pool, Now: o.Clock},
 		Threads:   threads,
+		Notify:    notes,
 		JoinGuard: &JoinGuard{Redis: rdb, Prefix: o.RedisPrefix, MaxFailures: 20, Window: 15 * time.Minute},
 		Links:     Links(o.PublicURL),
 	})...)
@@ -106,7 +154,7 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		DB: pool, Redis: rdb, Accounts: accounts, Tools: reg, Log: o.Log,
 		Limiter: &Limiter{Redis: rdb, Prefix: o.RedisPrefix, Rules: o.Limits},
 	})
-	return &App{Server: srv, Threads: threads, DB: pool, Redis: rdb, log: o.Log}, nil
+	return &App{Server: srv, Threads: threads, Notify: notes, Engine: engine, DB: pool, Redis: rdb, log: o.Log}, nil
 }
 
 // Links are the onboarding addresses under a public URL.
@@ -114,9 +162,32 @@ func Links(public string) tool.Links {
 	return tool.Links{MCP: public + "/mcp", API: public + "/api/v1/", Docs: public + "/docs/"}
 }
 
-// Serve answers on ln until ctx ends, then stops accepting, lets in-flight
-// requests finish (up to 10 s) and returns nil.
+// roomNotify joins the notify outbox (written in the fact's transaction)
+// with the queue that pushes it after commit.
+type roomNotify struct {
+	svc *notify.Service
+	q   *queue.Notifier
+}
+
+func (n roomNotify) Emit(ctx context.Context, tx pgx.Tx, accountID int64, kind string) (int64, bool, error) {
+	return n.svc.Emit(ctx, tx, accountID, kind)
+}
+
+func (n roomNotify) Enqueue(ctx context.Context, ids ...int64) { n.q.Enqueue(ctx, ids...) }
+
+// Serve answers on ln and runs the background engine until ctx ends, then
+// stops accepting, lets in-flight requests finish (up to 10 s), stops the
+// workers and returns nil.
 func (a *App) Serve(ctx context.Context, ln net.Listener) error {
+	workCtx, stopWork := context.WithCancel(context.Background())
+	workDone := make(chan error, 1)
+	go func() { workDone <- a.Engine.Run(workCtx) }()
+	defer func() {
+		stopWork()
+		if err := <-workDone; err != nil {
+			a.log.Error("background engine", "err", err)
+		}
+	}()
 	hs := &http.Server{
 		Handler:           a.Server.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -145,6 +216,7 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 
 // Close releases the connections.
 func (a *App) Close() {
+	_ = a.Engine.Close()
 	a.DB.Close()
 	_ = a.Redis.Close()
 }

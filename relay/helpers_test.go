@@ -19,6 +19,7 @@ import (
 	"github.com/dojo-relay/dojo/kungfu/credits"
 	"github.com/dojo-relay/dojo/kungfu/kungfutest"
 	"github.com/dojo-relay/dojo/relay"
+	"github.com/dojo-relay/dojo/signing"
 )
 
 // dojo is one real server on a random loopback port, on its own database
@@ -59,6 +60,10 @@ func startOn(t testing.TB, dsn, prefix string, opts ...option) *dojo {
 		DatabaseURL: dsn, RedisURL: kungfutest.RedisURL(), RedisPrefix: prefix, PublicURL: url,
 		Limits:         map[string]relay.Rule{},
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		AllowTargets:   []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")},
+		SecretKey:      testKey(t),
+		Queue:          kungfutest.Queue(t),
+		Sweep:          200 * time.Millisecond,
 		BcryptCost:     bcrypt.MinCost,
 	}
 	for _, f := range opts {
@@ -107,6 +112,19 @@ func (r result) code() string {
 func (r result) str(k string) string { s, _ := r.Body[k].(string); return s }
 
 func (r result) num(k string) int64 { f, _ := r.Body[k].(float64); return int64(f) }
+
+func testKey(t testing.TB) *signing.ServerKey {
+	t.Helper()
+	s, err := signing.GenerateServerKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, err := signing.ParseServerKey(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
 
 var client = &http.Client{Timeout: 30 * time.Second}
 

@@ -18,6 +18,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dojo-relay/dojo/signing"
 )
 
 // dev runs Dojo with zero configuration: it uses PostgreSQL and Redis
@@ -64,6 +66,17 @@ func dev(ctx context.Context, args []string) error {
 		}
 		c.RedisURL, redisNote = url, "private, in memory"
 	}
+	if c.SecretKey == "" {
+		k, err := devKey(st.dir)
+		if err != nil {
+			return err
+		}
+		c.SecretKey = k
+	}
+	if c.AllowTargets == "" {
+		// Local daemons (letterboxes, receivers) live on loopback in dev.
+		c.AllowTargets = "127.0.0.0/8,::1/128"
+	}
 	if err := migrate(ctx, c); err != nil {
 		return err
 	}
@@ -84,6 +97,23 @@ Create your first account (the key is shown once):
 Ctrl-C stops Dojo and everything it started.
 `, base, redact(c.DatabaseURL), pgNote, c.RedisURL, redisNote)
 	})
+}
+
+// devKey reads the dev server key from dir, creating it on first use, so a
+// restart can still open the secrets it sealed.
+func devKey(dir string) (string, error) {
+	path := filepath.Join(dir, "secret.key")
+	if b, err := os.ReadFile(path); err == nil {
+		return strings.TrimSpace(string(b)), nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	k, err := signing.GenerateServerKey()
+	if err != nil {
+		return "", err
+	}
+	return k, os.WriteFile(path, []byte(k+"\n"), 0o600)
 }
 
 // stack is the private services dev started, so it can stop exactly those.

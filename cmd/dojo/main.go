@@ -18,7 +18,9 @@ import (
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/tool"
 	"github.com/dojo-relay/dojo/migrations"
+	"github.com/dojo-relay/dojo/queue"
 	"github.com/dojo-relay/dojo/relay"
+	"github.com/dojo-relay/dojo/signing"
 )
 
 const usage = `dojo — a federation relay for agent work (Kungfu 3.0)
@@ -27,6 +29,7 @@ Usage:
   dojo dev [--install] [--private]   run locally with zero configuration
   dojo serve                         serve with DATABASE_URL, REDIS_URL, DOJO_ADDR, DOJO_PUBLIC_URL
   dojo migrate                       apply the embedded migrations to DATABASE_URL
+  dojo keygen                        print a new server key for DOJO_SECRET_KEY
   dojo tools [--markdown]            list the tools (Markdown for docs/tools.md)
   dojo version                       print the version
 `
@@ -48,6 +51,8 @@ func main() {
 		err = dev(ctx, args)
 	case "tools":
 		err = tools(os.Stdout, args)
+	case "keygen":
+		err = keygen(os.Stdout)
 	case "version", "--version", "-v":
 		fmt.Println("dojo", kungfu.Version)
 	case "help", "--help", "-h":
@@ -72,6 +77,9 @@ type config struct {
 	RateLimits   string
 	TrustedProxy string
 	LogLevel     string
+	SecretKey    string
+	AllowTargets string
+	Queue        string
 }
 
 func env() config {
@@ -90,6 +98,9 @@ func env() config {
 		RateLimits:   os.Getenv("DOJO_RATE_LIMITS"),
 		TrustedProxy: get("DOJO_TRUSTED_PROXIES", "127.0.0.0/8,::1/128"),
 		LogLevel:     get("DOJO_LOG_LEVEL", "info"),
+		SecretKey:    os.Getenv("DOJO_SECRET_KEY"),
+		AllowTargets: os.Getenv("DOJO_ALLOW_TARGETS"),
+		Queue:        get("DOJO_QUEUE", "dojo"),
 	}
 }
 
@@ -117,6 +128,16 @@ func (c config) options() (relay.Options, error) {
 	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
 		return relay.Options{}, fmt.Errorf("DOJO_LOG_LEVEL: %w", err)
 	}
+	var key *signing.ServerKey
+	if c.SecretKey != "" {
+		if key, err = signing.ParseServerKey(c.SecretKey); err != nil {
+			return relay.Options{}, fmt.Errorf("DOJO_SECRET_KEY: %w", err)
+		}
+	}
+	allow, err := queue.ParseAllow(c.AllowTargets)
+	if err != nil {
+		return relay.Options{}, fmt.Errorf("DOJO_ALLOW_TARGETS: %w", err)
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	// go-redis prints its own retries; route them through slog at debug so a
 	// refusal to start stays one line.
@@ -124,6 +145,7 @@ func (c config) options() (relay.Options, error) {
 	return relay.Options{
 		DatabaseURL: c.DatabaseURL, RedisURL: c.RedisURL, RedisPrefix: c.RedisPrefix,
 		PublicURL: public, Limits: limits, TrustedProxies: proxies, Log: log,
+		SecretKey: key, AllowTargets: allow, Queue: c.Queue,
 	}, nil
 }
 
@@ -166,6 +188,17 @@ func run(ctx context.Context, c config, ready func(base string)) error {
 		ready(opts.PublicURL)
 	}
 	return app.Serve(ctx, ln)
+}
+
+// keygen prints a fresh server key. It seals stored secrets and signs what
+// Dojo sends, so keep it like a database password.
+func keygen(w io.Writer) error {
+	k, err := signing.GenerateServerKey()
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(w, k)
+	return err
 }
 
 func tools(w io.Writer, args []string) error {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"os"
@@ -20,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dojo-relay/dojo/kungfu/kungfutest"
+	"github.com/dojo-relay/dojo/migrations"
+	"github.com/dojo-relay/dojo/signing"
 )
 
 // The test binary doubles as the dojo binary: with DOJO_TEST_EXEC=1 it runs
@@ -35,11 +38,19 @@ func TestMain(m *testing.M) {
 func command(t *testing.T, env map[string]string, args ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = []string{"DOJO_TEST_EXEC=1", "PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
+	cmd.Env = []string{"DOJO_TEST_EXEC=1", "PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"),
+		"DOJO_SECRET_KEY=" + secretKey, "DOJO_QUEUE=" + kungfutest.Queue(t)}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	return cmd
+}
+
+var secretKey, _ = signing.GenerateServerKey()
+
+func migrationCount() int {
+	names, _ := fs.Glob(migrations.FS(), "*.sql")
+	return len(names)
 }
 
 func freeAddr(t *testing.T) string {
@@ -83,8 +94,10 @@ func TestServeRefusesToStart(t *testing.T) {
 		want string
 	}{
 		{"postgres down", map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/x?sslmode=disable"}, "postgres at 127.0.0.1:1 is unreachable"},
-		{"not migrated", map[string]string{"DATABASE_URL": emptyDatabase(t)}, "not migrated (2 migrations pending): run `dojo migrate`"},
+		{"not migrated", map[string]string{"DATABASE_URL": emptyDatabase(t)}, fmt.Sprintf("not migrated (%d migrations pending): run `dojo migrate`", migrationCount())},
 		{"redis down", map[string]string{"DATABASE_URL": good, "REDIS_URL": "redis://127.0.0.1:1/0"}, "redis at 127.0.0.1:1 is unreachable"},
+		{"no secret key", map[string]string{"DATABASE_URL": good, "DOJO_SECRET_KEY": ""}, "DOJO_SECRET_KEY is not set: run `dojo keygen`"},
+		{"bad secret key", map[string]string{"DATABASE_URL": good, "DOJO_SECRET_KEY": "nope"}, "DOJO_SECRET_KEY:"},
 	}
 	for _, c := range cases {
 		c.env["DOJO_ADDR"] = freeAddr(t)
@@ -109,7 +122,7 @@ func TestServeRefusesToStart(t *testing.T) {
 func TestMigrateIsIdempotent(t *testing.T) {
 	t.Parallel()
 	dsn := emptyDatabase(t)
-	for _, want := range []string{"2 migrations applied", "0 migrations applied"} {
+	for _, want := range []string{fmt.Sprintf("%d migrations applied", migrationCount()), "0 migrations applied"} {
 		out, err := command(t, map[string]string{"DATABASE_URL": dsn}, "migrate").CombinedOutput()
 		if err != nil || !strings.Contains(string(out), want) {
 			t.Fatalf("migrate: %v %s, want %q", err, out, want)
@@ -249,6 +262,18 @@ func TestSIGTERMFinishesInFlight(t *testing.T) {
 	}
 	if err := s.cmd.Wait(); err != nil {
 		t.Fatalf("exit after SIGTERM: %v\n%s", err, s.out.String())
+	}
+}
+
+func TestKeygen(t *testing.T) {
+	var a, b bytes.Buffer
+	if err := keygen(&a); err != nil {
+		t.Fatal(err)
+	}
+	_ = keygen(&b)
+	k := strings.TrimSpace(a.String())
+	if _, err := signing.ParseServerKey(k); err != nil || k == strings.TrimSpace(b.String()) {
+		t.Fatalf("keygen printed %q (%v)", k, err)
 	}
 }
 

@@ -8,20 +8,20 @@ import (
 func TestFind(t *testing.T) {
 	hex64 := strings.Repeat("0123456789abcdef", 4)
 	hits := map[string]string{
-		"key: kf_live_" + hex64:                      "kungfu agent key",
-		"KF_LIVE_" + strings.ToUpper(hex64):          "kungfu agent key",
-		"room kf_" + hex64[:32] + " done":            "kungfu room key",
-		"AKIAIOSFODNN7EXAMPLE":                       "aws access key",
-		"-----BEGIN OPENSSH PRIVATE KEY-----\nabc":   "private key",
-		"-----BEGIN PRIVATE KEY-----":                "private key",
-		"ghp_" + strings.Repeat("a", 36):             "github token",
-		"github_pat_" + strings.Repeat("B", 30):      "github token",
-		"xoxb-1234567890-abcdef":                     "slack token",
-		"sk-ant-api03-" + strings.Repeat("z", 24):    "anthropic key",
-		"sk-" + strings.Repeat("Q", 40):              "openai-style key",
-		"sk-proj-" + strings.Repeat("Q", 40):         "openai-style key",
-		"sk_live_" + strings.Repeat("9", 24):         "stripe live key",
-		"rk_live_" + strings.Repeat("9", 24):         "stripe live key",
+		"key: kf_live_" + hex64:                    "kungfu agent key",
+		"KF_LIVE_" + strings.ToUpper(hex64):        "kungfu agent key",
+		"room kf_" + hex64[:32] + " done":          "kungfu room key",
+		"AKIAIOSFODNN7EXAMPLE":                     "aws access key",
+		"-----BEGIN OPENSSH PRIVATE KEY-----\nabc": "private key",
+		"-----BEGIN PRIVATE KEY-----":              "private key",
+		"ghp_" + strings.Repeat("a", 36):           "github token",
+		"github_pat_" + strings.Repeat("B", 30):    "github token",
+		"xoxb-1234567890-abcdef":                   "slack token",
+		"sk-ant-api03-" + strings.Repeat("z", 24):  "anthropic key",
+		"sk-" + strings.Repeat("Q", 40):            "openai-style key",
+		"sk-proj-" + strings.Repeat("Q", 40):       "openai-style key",
+		"sk_live_" + strings.Repeat("9", 24):       "stripe live key",
+		"rk_live_" + strings.Repeat("9", 24):       "stripe live key",
 	}
 	for s, want := range hits {
 		if got := Find(s); got != want {

@@ -182,3 +182,25 @@ func RedisPrefix(t testing.TB) string {
 	})
 	return prefix
 }
+
+// Queue returns an asynq queue name owned by t. asynq keeps a queue's keys
+// under asynq:{<name>}:, so they are removed when t ends.
+func Queue(t testing.TB) string {
+	t.Helper()
+	name := "dojotest-" + random()
+	t.Cleanup(func() {
+		opt, err := redis.ParseURL(RedisURL())
+		if err != nil {
+			return
+		}
+		rdb := redis.NewClient(opt)
+		defer rdb.Close()
+		ctx := context.Background()
+		iter := rdb.Scan(ctx, 0, "asynq:{"+name+"}:*", 500).Iterator()
+		for iter.Next(ctx) {
+			rdb.Del(ctx, iter.Val())
+		}
+		rdb.SRem(ctx, "asynq:queues", name)
+	})
+	return name
+}

@@ -3,6 +3,7 @@ package tool
 import (
 	"github.com/dojo-relay/dojo/kungfu/account"
 	"github.com/dojo-relay/dojo/kungfu/memory"
+	"github.com/dojo-relay/dojo/kungfu/notify"
 	"github.com/dojo-relay/dojo/kungfu/thread"
 )
 
@@ -18,6 +19,7 @@ type Services struct {
 	Accounts  *account.Service
 	Memories  *memory.Service
 	Threads   *thread.Service
+	Notify    *notify.Service
 	JoinGuard JoinGuard
 	Links     Links
 }
@@ -30,6 +32,7 @@ func Kungfu(s Services) []*Tool {
 	tools = append(tools, threadTools(s)...)
 	tools = append(tools, assignTools(s)...)
 	tools = append(tools, turnTools(s)...)
+	tools = append(tools, notifyTools(s)...)
 	return tools
 }
 
