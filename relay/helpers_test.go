@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -65,6 +66,7 @@ func startOn(t testing.TB, dsn, prefix string, opts ...option) *dojo {
 		Queue:          kungfutest.Queue(t),
 		Sweep:          200 * time.Millisecond,
 		BcryptCost:     bcrypt.MinCost,
+		Log:            slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	for _, f := range opts {
 		f(&o)

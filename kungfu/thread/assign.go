@@ -243,12 +243,11 @@ func (s *Service) Submit(ctx context.Context, who kungfu.Caller, id int64, d Del
 		if a.Assignee != who.AccountID {
 			return nil, kungfu.Errorf(kungfu.CodeNotYours, "assignment %d is not yours to deliver", id)
 		}
-		if ended, err := w.expireIfDue(ctx, &a); err != nil || ended {
-			if err == nil {
-				err = kungfu.Errorf(kungfu.CodeInvalidState, "the deliver deadline of assignment %d has passed", id).
-					WithDetails(map[string]any{"status": a.State})
-			}
+		if ended, err := w.expireIfDue(ctx, &a); err != nil {
 			return nil, err
+		} else if ended {
+			return nil, committed{kungfu.Errorf(kungfu.CodeInvalidState, "the deliver deadline of assignment %d has passed", id).
+				WithDetails(map[string]any{"status": a.State})}
 		}
 		if a.State != "taken" {
 			return nil, invalidState(a, "taken")
@@ -414,12 +413,11 @@ func (s *Service) Judge(ctx context.Context, who kungfu.Caller, id int64, verdic
 		if a.Creator != who.AccountID {
 			return nil, kungfu.Errorf(kungfu.CodeNotYours, "only the assignment's creator judges it")
 		}
-		if ended, err := w.expireIfDue(ctx, &a); err != nil || ended {
-			if err == nil {
-				err = kungfu.Errorf(kungfu.CodeInvalidState, "the judge deadline of assignment %d has passed", id).
-					WithDetails(map[string]any{"status": a.State})
-			}
+		if ended, err := w.expireIfDue(ctx, &a); err != nil {
 			return nil, err
+		} else if ended {
+			return nil, committed{kungfu.Errorf(kungfu.CodeInvalidState, "the judge deadline of assignment %d has passed", id).
+				WithDetails(map[string]any{"status": a.State})}
 		}
 		if a.State != "delivered" {
 			return nil, invalidState(a, "delivered")
@@ -486,7 +484,7 @@ func (s *Service) end(ctx context.Context, who kungfu.Caller, tool string, id in
 		if ended, err := w.expireIfDue(ctx, &a); err != nil {
 			return nil, err
 		} else if ended {
-			return nil, invalidState(a, "before its deadline")
+			return nil, committed{invalidState(a, "before its deadline")}
 		}
 		if err := allowed(a); err != nil {
 			return nil, err

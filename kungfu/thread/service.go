@@ -103,6 +103,13 @@ func (w *write) notify(ctx context.Context, accountID int64, kind string) error 
 
 func (w *write) wakeAt(id int64, at time.Time) { w.wakes = append(w.wakes, wake{id, at}) }
 
+// committed is a refusal whose transaction must still commit: a deadline
+// that beat the action is recorded even though the action is refused.
+type committed struct{ err error }
+
+func (c committed) Error() string { return c.err.Error() }
+func (c committed) Unwrap() error { return c.err }
+
 // run executes fn in one transaction. With an idempotency key, a stored
 // result for the same request is replayed verbatim, a different request
 // under the same key is IDEMPOTENCY_CONFLICT, and the first success is
@@ -111,8 +118,9 @@ func (w *write) wakeAt(id int64, at time.Time) { w.wakes = append(w.wakes, wake{
 func (s *Service) run(ctx context.Context, who kungfu.Caller, tool string, idem Idem, fn func(context.Context, *write) (any, error)) (any, error) {
 	for attempt := 0; ; attempt++ {
 		var (
-			result any
-			w      *write
+			result  any
+			w       *write
+			refusal error
 		)
 		err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 			w = &write{tx: tx, now: s.Now(), who: who, s: s}
@@ -133,6 +141,11 @@ func (s *Service) run(ctx context.Context, who kungfu.Caller, tool string, idem 
 			}
 			var err error
 			if result, err = fn(ctx, w); err != nil {
+				var c committed
+				if errors.As(err, &c) {
+					refusal = c.err
+					return nil
+				}
 				return err
 			}
 			if idem.Key == "" {
@@ -161,6 +174,9 @@ func (s *Service) run(ctx context.Context, who kungfu.Caller, tool string, idem 
 			return nil, fmt.Errorf("%s: %w", tool, err)
 		}
 		s.after(ctx, w)
+		if refusal != nil {
+			return nil, refusal
+		}
 		return result, nil
 	}
 }
