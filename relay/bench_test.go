@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -123,6 +124,89 @@ func BenchmarkPostgresInsert(b *testing.B) {
 				_, err := pool.Exec(context.Background(), `INSERT INTO bench_insert (body) VALUES ($1)`, "reference row")
 				return err
 			})
+		})
+	}
+}
+
+// BenchmarkThreadPost is thread_post end to end at 16 concurrent clients:
+// each in its own room (rooms are independent), and all in one shared room
+// (every post in a room takes the room's lock, so they serialize).
+func BenchmarkThreadPost(b *testing.B) {
+	d := start(b)
+	type client struct{ key, room string }
+	var own, shared []client
+	gov, _ := d.register(b)
+	st := d.must(b, gov, "thread_start", map[string]any{"subject": "shared", "key": true})
+	sharedRoom := st.Body["thread"].(map[string]any)["code"].(string)
+	for range 16 {
+		k, _ := d.register(b)
+		r := d.must(b, k, "thread_start", map[string]any{"subject": "bench"})
+		own = append(own, client{k, r.Body["thread"].(map[string]any)["code"].(string)})
+		d.must(b, k, "thread_join", map[string]any{"key": st.str("key")})
+		shared = append(shared, client{k, sharedRoom})
+	}
+	for _, c := range []struct {
+		name    string
+		clients []client
+	}{{"own-rooms/c=16", own}, {"shared-room/c=16", shared}} {
+		b.Run(c.name, func(b *testing.B) {
+			var next atomic.Int64
+			load(b, 16, func(i int) error {
+				cl := c.clients[next.Add(1)%16]
+				body := []byte(`{"thread":"` + cl.room + `","content":"status update number ` + fmt.Sprint(i) + `","ask":[]}`)
+				return benchCall(d.URL+"/api/v1/thread_post", cl.key, body)
+			})
+		})
+	}
+}
+
+// BenchmarkTodoList reads the first page of the turn of an account with
+// 1 000 open items, in a database holding 100 000 open items in all.
+func BenchmarkTodoList(b *testing.B) {
+	d := start(b)
+	key, name := d.register(b)
+	ctx := context.Background()
+	seed := []string{
+		`INSERT INTO accounts (name, password_hash, created_at, updated_at)
+		 SELECT 'bench_' || g, 'x', now(), now() FROM generate_series(1, 99) g`,
+		`INSERT INTO memories (code, account_id, origin, revision, created_at, updated_at)
+		 SELECT 'abcdefabcdef', min(id), 'thread', 1, now(), now() FROM accounts`,
+		`INSERT INTO memory_revisions (memory_id, revision, title, tags, content, checksum, created_at)
+		 SELECT id, 1, 'entry', '{thread}', 'seeded entry', 'x', now() FROM memories`,
+		`INSERT INTO threads (code, subject, created_by, created_at, next_seq)
+		 SELECT substr(md5(g::text), 1, 12), 'room ' || g, (SELECT min(id) FROM accounts), now(), 51 FROM generate_series(1, 2000) g`,
+		`INSERT INTO thread_entries (thread_id, seq, author_id, memory_id, revision, summary, created_at)
+		 SELECT t.id, s, (SELECT min(id) FROM accounts), (SELECT id FROM memories), 1, 'entry ' || s,
+		        now() - interval '1 day' + (t.id * 50 + s) * interval '1 ms'
+		 FROM threads t, generate_series(1, 50) s`,
+		// One receipt per entry: 1 000 for the benchmarked account, the rest spread over 99 others.
+		`INSERT INTO thread_receipts (thread_id, entry_id, account_id, created_at)
+		 SELECT e.thread_id, e.id,
+		        CASE WHEN e.id % 100 = 0 THEN (SELECT id FROM accounts WHERE name = $1)
+		             ELSE (SELECT id FROM accounts WHERE name = 'bench_' || (1 + e.id % 99)) END,
+		        e.created_at
+		 FROM thread_entries e`,
+		`ANALYZE`,
+	}
+	for _, q := range seed {
+		var err error
+		if strings.Contains(q, "$1") {
+			_, err = d.App.DB.Exec(ctx, q, name)
+		} else {
+			_, err = d.App.DB.Exec(ctx, q)
+		}
+		if err != nil {
+			b.Fatalf("seed: %v\n%s", err, q)
+		}
+	}
+	var mine, all int
+	_ = d.App.DB.QueryRow(ctx, `SELECT count(*) FILTER (WHERE a.name = $1), count(*) FROM thread_receipts r JOIN accounts a ON a.id = r.account_id`, name).Scan(&mine, &all)
+	if mine != 1000 || all != 100000 {
+		b.Fatalf("seeded %d of %d open items", mine, all)
+	}
+	for _, conc := range []int{1, 16} {
+		b.Run(fmt.Sprintf("c=%d", conc), func(b *testing.B) {
+			load(b, conc, func(int) error { return benchCall(d.URL+"/api/v1/todo_list", key, []byte(`{}`)) })
 		})
 	}
 }

@@ -2,11 +2,13 @@ package thread
 
 import (
 	"context"
+	"math"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/dojo-relay/dojo/kungfu"
 )
@@ -60,48 +62,73 @@ func parseTodoCursor(s string) (todoCursor, error) {
 
 // The turn is a pure projection of facts: receipts pending for me, work I
 // took and still can deliver, deliveries I can still judge. An item leaves
-// at its deadline even before the sweep records the timeout.
+// at its deadline even before the sweep records the timeout. Each branch
+// seeks its own partial index from the cursor and stops at the page size,
+// so a page costs the same however much the account owes.
+//
+// $3 is the cursor's produced time ('-infinity' for the first page); the
+// per-branch row bound ($4, $5, $6) encodes the cursor's branch and id:
+// rows of an earlier branch at the same time are already read, rows of a
+// later branch are not.
 const turnSQL = `
 SELECT * FROM (
-  SELECT r.created_at AS produced, 1 AS branch, r.id AS row_id, t.code, e.id AS entry, NULL::bigint AS assign, e.seq,
-         a.name AS author, e.summary, NULL::timestamptz AS due, t.id AS thread_id
-  FROM thread_receipts r JOIN thread_entries e ON e.id = r.entry_id JOIN threads t ON t.id = r.thread_id
-  JOIN accounts a ON a.id = e.author_id
-  WHERE r.account_id = $1 AND r.state = 'pending'
+  (SELECT r.created_at AS produced, 1 AS branch, r.id AS row_id, t.code, e.id AS entry, NULL::bigint AS assign, e.seq,
+          a.name AS author, e.summary, NULL::timestamptz AS due
+   FROM thread_receipts r JOIN thread_entries e ON e.id = r.entry_id JOIN threads t ON t.id = r.thread_id
+   JOIN accounts a ON a.id = e.author_id
+   WHERE r.account_id = $1 AND r.state = 'pending' AND (r.created_at, r.id) > ($3, $4) AND ($8 = 0 OR r.thread_id = $8)
+   ORDER BY r.created_at, r.id LIMIT $7)
   UNION ALL
-  SELECT s.taken_at, 2, s.id, t.code, s.entry_id, s.id, e.seq, c.name, e.summary, s.deliver_due_at, t.id
-  FROM assigns s JOIN threads t ON t.id = s.thread_id JOIN thread_entries e ON e.id = s.entry_id
-  JOIN accounts c ON c.id = s.creator_id
-  WHERE s.assignee_id = $1 AND s.state = 'taken' AND s.deliver_due_at > $2
+  (SELECT s.taken_at, 2, s.id, t.code, s.entry_id, s.id, e.seq, c.name, e.summary, s.deliver_due_at
+   FROM assigns s JOIN threads t ON t.id = s.thread_id JOIN thread_entries e ON e.id = s.entry_id
+   JOIN accounts c ON c.id = s.creator_id
+   WHERE s.assignee_id = $1 AND s.state = 'taken' AND s.deliver_due_at > $2 AND (s.taken_at, s.id) > ($3, $5)
+     AND ($8 = 0 OR s.thread_id = $8)
+   ORDER BY s.taken_at, s.id LIMIT $7)
   UNION ALL
-  SELECT s.delivered_at, 3, s.id, t.code, s.entry_id, s.id, e.seq, x.name, e.summary, s.judge_due_at, t.id
-  FROM assigns s JOIN threads t ON t.id = s.thread_id JOIN thread_entries e ON e.id = s.entry_id
-  JOIN accounts x ON x.id = s.assignee_id
-  WHERE s.creator_id = $1 AND s.state = 'delivered' AND s.judge_due_at > $2 AND s.judge_forfeited_at IS NULL
+  (SELECT s.delivered_at, 3, s.id, t.code, s.entry_id, s.id, e.seq, x.name, e.summary, s.judge_due_at
+   FROM assigns s JOIN threads t ON t.id = s.thread_id JOIN thread_entries e ON e.id = s.entry_id
+   JOIN accounts x ON x.id = s.assignee_id
+   WHERE s.creator_id = $1 AND s.state = 'delivered' AND s.judge_due_at > $2 AND s.judge_forfeited_at IS NULL
+     AND (s.delivered_at, s.id) > ($3, $6) AND ($8 = 0 OR s.thread_id = $8)
+   ORDER BY s.delivered_at, s.id LIMIT $7)
 ) turn
-WHERE ($3::timestamptz IS NULL OR (produced, branch, row_id) > ($3, $4, $5))
-  AND ($6 = 0 OR thread_id = $6)
 ORDER BY produced, branch, row_id
 LIMIT $7`
+
+// bounds turns a cursor into each branch's id bound at the cursor's time.
+func (c todoCursor) bounds() (after time.Time, b1, b2, b3 int64) {
+	if c.produced.IsZero() {
+		return time.Time{}, 0, 0, 0
+	}
+	bound := func(branch int) int64 {
+		switch {
+		case branch < c.branch:
+			return math.MaxInt64 // this branch's rows at the cursor time came earlier
+		case branch == c.branch:
+			return c.id
+		}
+		return 0
+	}
+	return c.produced, bound(1), bound(2), bound(3)
+}
 
 var nextActions = map[int]string{1: "respond", 2: "deliver", 3: "judge"}
 var kinds = map[int]string{1: "reply", 2: "deliver", 3: "judge"}
 
 func todos(ctx context.Context, tx pgx.Tx, me int64, now time.Time, c todoCursor, roomID int64, limit int) ([]Todo, *string, error) {
-	var after *time.Time
-	if !c.produced.IsZero() {
-		after = &c.produced
+	after, b1, b2, b3 := c.bounds()
+	var from any = after
+	if after.IsZero() {
+		from = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	}
-	rows, err := tx.Query(ctx, turnSQL, me, now, after, c.branch, c.id, roomID, limit+1)
+	rows, err := tx.Query(ctx, turnSQL, me, now, from, b1, b2, b3, limit+1, roomID)
 	if err != nil {
 		return nil, nil, err
 	}
 	items, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Todo, error) {
-		var (
-			t        Todo
-			threadID int64
-		)
-		err := r.Scan(&t.ProducedAt, &t.branch, &t.rowID, &t.Thread, &t.Entry, &t.Assign, &t.Seq, &t.Author, &t.Summary, &t.DueAt, &threadID)
+		var t Todo
+		err := r.Scan(&t.ProducedAt, &t.branch, &t.rowID, &t.Thread, &t.Entry, &t.Assign, &t.Seq, &t.Author, &t.Summary, &t.DueAt)
 		t.Kind, t.NextAction = kinds[t.branch], nextActions[t.branch]
 		t.ProducedAt = t.ProducedAt.UTC()
 		return t, err
