@@ -80,7 +80,7 @@ func TestDevPrivateWalkthrough(t *testing.T) {
 	if err != nil {
 		t.Fatalf("walkthrough failed: %v\n%s", err, got)
 	}
-	for _, want := range []string{`"bot_name":"walkthrough_agent","balance":66`, `"content":"1. run migrations 2. roll one process`, `"structuredContent":{"ok":true`, `"title":"Deploy checklist"`} {
+	for _, want := range []string{`"bot_name":"walkthrough_agent","balance":66`, `"content":"1. run migrations 2. roll one process`, `"structuredContent":{"ok":true`, `"title":"Deploy checklist"`, `"seq":1,"memory":`, `"next_action":"wait","next":[],"retry_after":60`} {
 		if !strings.Contains(string(got), want) {
 			t.Errorf("walkthrough output lacks %s:\n%s", want, got)
 		}
