@@ -113,7 +113,8 @@ CREATE TABLE thread_idempotency (
     tool         TEXT        NOT NULL,
     key          TEXT        NOT NULL,
     request_hash BYTEA       NOT NULL,
-    snapshot     JSONB       NOT NULL,
+    -- json, not jsonb: a replay must be the first result byte for byte.
+    snapshot     JSON        NOT NULL,
     created_at   TIMESTAMPTZ NOT NULL,
     PRIMARY KEY (account_id, tool, key)
 );

@@ -75,10 +75,21 @@ func compileSchema(raw []byte) (*jsonschema.Schema, error) {
 	}
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
+	// A user's schema must never make Dojo read a file or fetch a URL: no
+	// loader at all, so every external $ref fails with one fixed message.
+	c.UseLoader(jsonschema.SchemeURLLoader{})
 	if err := c.AddResource("dojo:assign-output", doc); err != nil {
 		return nil, err
 	}
-	return c.Compile("dojo:assign-output")
+	sch, err := c.Compile("dojo:assign-output")
+	if err != nil {
+		var load *jsonschema.LoadURLError
+		if errors.As(err, &load) {
+			return nil, errors.New("external $ref is not allowed; inline every definition")
+		}
+		return nil, err
+	}
+	return sch, nil
 }
 
 // assignment is a locked assignment row with its room.

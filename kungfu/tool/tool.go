@@ -103,6 +103,10 @@ func (t *Tool) Validate(args json.RawMessage) error {
 	if _, ok := inst.(map[string]any); !ok {
 		return kungfu.Invalid(kungfu.FieldError{Field: "", Message: "arguments must be a JSON object"})
 	}
+	// PostgreSQL text cannot hold NUL; refuse it here rather than fail later.
+	if at, found := findNUL(inst, ""); found {
+		return kungfu.Invalid(kungfu.FieldError{Field: at, Message: "must not contain NUL (\\u0000) characters"})
+	}
 	err = t.compiled.Validate(inst)
 	if err == nil {
 		return nil
@@ -166,4 +170,27 @@ func Decode[In any](fn func(ctx context.Context, who kungfu.Caller, in In) (any,
 		}
 		return fn(ctx, who, in)
 	}
+}
+
+func findNUL(v any, at string) (string, bool) {
+	switch x := v.(type) {
+	case string:
+		return at, strings.ContainsRune(x, 0)
+	case map[string]any:
+		for k, val := range x {
+			if strings.ContainsRune(k, 0) {
+				return join(at, k), true
+			}
+			if p, ok := findNUL(val, join(at, k)); ok {
+				return p, true
+			}
+		}
+	case []any:
+		for i, val := range x {
+			if p, ok := findNUL(val, join(at, fmt.Sprint(i))); ok {
+				return p, true
+			}
+		}
+	}
+	return "", false
 }
