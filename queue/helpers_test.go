@@ -2,13 +2,9 @@ package queue_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"log/slog"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/dojo-relay/dojo/kungfu/kungfutest"
 	"github.com/dojo-relay/dojo/queue"
@@ -18,9 +14,7 @@ import (
 // removed when t ends.
 func newEngine(t *testing.T) *queue.Engine {
 	t.Helper()
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	name := "dojotest-" + hex.EncodeToString(b[:])
+	name := kungfutest.Queue(t)
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	e, err := queue.NewEngine(kungfutest.RedisURL(), name, log)
 	if err != nil {
@@ -30,15 +24,6 @@ func newEngine(t *testing.T) *queue.Engine {
 		if err := e.Close(); err != nil {
 			t.Errorf("close: %v", err)
 		}
-		opt, _ := redis.ParseURL(kungfutest.RedisURL())
-		rdb := redis.NewClient(opt)
-		defer rdb.Close()
-		ctx := context.Background()
-		iter := rdb.Scan(ctx, 0, "asynq:{"+name+"}:*", 500).Iterator()
-		for iter.Next(ctx) {
-			rdb.Del(ctx, iter.Val())
-		}
-		rdb.SRem(ctx, "asynq:queues", name)
 	})
 	return e
 }

@@ -19,7 +19,7 @@ func (c *shiftClock) now() time.Time {
 }
 func (c *shiftClock) set(d time.Duration) { c.offset.Store(int64(d)) }
 
-func withClock(c kungfu.Clock) option { return func(o *relay.Options) { o.Clock = c } }
+func withClock(c kungfu.Clock) option  { return func(o *relay.Options) { o.Clock = c } }
 func withSweep(d time.Duration) option { return func(o *relay.Options) { o.Sweep = d } }
 
 // flushQueue drops every asynq key of this server's queue: Redis "lost"

@@ -172,11 +172,8 @@ func (s *Service) IssueKey(ctx context.Context, who kungfu.Caller, code, keyRole
 		return nil, err
 	}
 	return s.run(ctx, who, "thread_key", idem, func(ctx context.Context, w *write) (any, error) {
-		r, err := w.lockRoom(ctx, code)
+		r, err := w.governedRoom(ctx, code)
 		if err != nil {
-			return nil, err
-		}
-		if err := w.requireGovernor(ctx, r); err != nil {
 			return nil, err
 		}
 		k, err := w.issueKey(ctx, r, keyRole)
@@ -196,11 +193,8 @@ type Revoked struct {
 // RevokeKey voids the live key without issuing another.
 func (s *Service) RevokeKey(ctx context.Context, who kungfu.Caller, code string, idem Idem) (any, error) {
 	return s.run(ctx, who, "thread_key_revoke", idem, func(ctx context.Context, w *write) (any, error) {
-		r, err := w.lockRoom(ctx, code)
+		r, err := w.governedRoom(ctx, code)
 		if err != nil {
-			return nil, err
-		}
-		if err := w.requireGovernor(ctx, r); err != nil {
 			return nil, err
 		}
 		if _, err := w.tx.Exec(ctx, `UPDATE threads SET key_hash = NULL, key_role = NULL, key_issued_at = NULL, key_hint = NULL WHERE id = $1`, r.ID); err != nil {
@@ -304,11 +298,8 @@ func (s *Service) Leave(ctx context.Context, who kungfu.Caller, code string, ide
 // Remove ends another member's membership (governors only).
 func (s *Service) Remove(ctx context.Context, who kungfu.Caller, code, target string, idem Idem) (any, error) {
 	return s.run(ctx, who, "thread_remove", idem, func(ctx context.Context, w *write) (any, error) {
-		r, err := w.lockRoom(ctx, code)
+		r, err := w.governedRoom(ctx, code)
 		if err != nil {
-			return nil, err
-		}
-		if err := w.requireGovernor(ctx, r); err != nil {
 			return nil, err
 		}
 		id, name, rl, err := w.memberByRef(ctx, r, target)
@@ -340,11 +331,8 @@ func (s *Service) SetRole(ctx context.Context, who kungfu.Caller, code, target, 
 		return nil, err
 	}
 	return s.run(ctx, who, "thread_set_role", idem, func(ctx context.Context, w *write) (any, error) {
-		r, err := w.lockRoom(ctx, code)
+		r, err := w.governedRoom(ctx, code)
 		if err != nil {
-			return nil, err
-		}
-		if err := w.requireGovernor(ctx, r); err != nil {
 			return nil, err
 		}
 		id, name, rl, err := w.memberByRef(ctx, r, target)
@@ -375,11 +363,8 @@ func (s *Service) SetRole(ctx context.Context, who kungfu.Caller, code, target, 
 // members keep read access.
 func (s *Service) Close(ctx context.Context, who kungfu.Caller, code string, idem Idem) (any, error) {
 	return s.run(ctx, who, "thread_close", idem, func(ctx context.Context, w *write) (any, error) {
-		r, err := w.lockRoom(ctx, code)
+		r, err := w.governedRoom(ctx, code)
 		if err != nil {
-			return nil, err
-		}
-		if err := w.requireGovernor(ctx, r); err != nil {
 			return nil, err
 		}
 		if _, err := w.tx.Exec(ctx, `UPDATE threads SET status = 'closed', closed_at = $2,

@@ -260,19 +260,24 @@ func requireOpen(r room) error {
 	return nil
 }
 
-// requireGovernor is the gate for governance actions in an open room.
-func (w *write) requireGovernor(ctx context.Context, r room) error {
+// governedRoom locks the room for a governance action: the caller must be
+// a governor of the open room.
+func (w *write) governedRoom(ctx context.Context, code string) (room, error) {
+	r, err := w.lockRoom(ctx, code)
+	if err != nil {
+		return room{}, err
+	}
 	rl, err := role(ctx, w.tx, r.ID, w.who.AccountID)
 	if err != nil {
-		return err
+		return room{}, err
 	}
 	if err := requireOpen(r); err != nil {
-		return err
+		return room{}, err
 	}
 	if rl != "governor" {
-		return kungfu.Errorf(kungfu.CodeNotGovernor, "only a governor can do this")
+		return room{}, kungfu.Errorf(kungfu.CodeNotGovernor, "only a governor can do this")
 	}
-	return nil
+	return r, nil
 }
 
 func newCode() string {
