@@ -83,7 +83,7 @@ func benchCall(url, key string, body []byte) error {
 // BenchmarkMemoryPut is memory_put end to end over loopback HTTP: new
 // memories, each a transaction with a head row and a revision.
 func BenchmarkMemoryPut(b *testing.B) {
-	d := start(b)
+	d := start(b, withSweep(5*time.Second))
 	key, _ := d.register(b)
 	body, _ := json.Marshal(putArgs())
 	for _, conc := range []int{1, 16} {
@@ -95,7 +95,7 @@ func BenchmarkMemoryPut(b *testing.B) {
 
 // BenchmarkMemoryGet reads one memory end to end over loopback HTTP.
 func BenchmarkMemoryGet(b *testing.B) {
-	d := start(b)
+	d := start(b, withSweep(5*time.Second))
 	key, _ := d.register(b)
 	code := d.call(b, key, "memory_put", putArgs()).str("code")
 	body := []byte(`{"code":"` + code + `"}`)
@@ -109,7 +109,7 @@ func BenchmarkMemoryGet(b *testing.B) {
 // BenchmarkPostgresInsert is the reference: raw single-row INSERTs, one
 // autocommit statement each, through the same pgx pool settings.
 func BenchmarkPostgresInsert(b *testing.B) {
-	d := start(b)
+	d := start(b, withSweep(5*time.Second))
 	pool, err := pgxpool.New(context.Background(), d.DSN)
 	if err != nil {
 		b.Fatal(err)
@@ -132,7 +132,7 @@ func BenchmarkPostgresInsert(b *testing.B) {
 // each in its own room (rooms are independent), and all in one shared room
 // (every post in a room takes the room's lock, so they serialize).
 func BenchmarkThreadPost(b *testing.B) {
-	d := start(b)
+	d := start(b, withSweep(5*time.Second))
 	type client struct{ key, room string }
 	var own, shared []client
 	gov, _ := d.register(b)
@@ -163,7 +163,7 @@ func BenchmarkThreadPost(b *testing.B) {
 // BenchmarkTodoList reads the first page of the turn of an account with
 // 1 000 open items, in a database holding 100 000 open items in all.
 func BenchmarkTodoList(b *testing.B) {
-	d := start(b)
+	d := start(b, withSweep(5*time.Second))
 	key, name := d.register(b)
 	ctx := context.Background()
 	seed := []string{
