@@ -3,6 +3,7 @@ module github.com/dojo-relay/dojo
 go 1.26.8
 
 require (
+	github.com/go-jose/go-jose/v4 v4.1.9
 	github.com/gorilla/mux v1.8.1
 	github.com/hibiken/asynq v0.26.0
 	github.com/jackc/pgx/v5 v5.13.0

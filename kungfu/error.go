@@ -96,4 +96,20 @@ const (
 	CodeInvalidTarget   = "INVALID_TARGET"
 	CodeSummaryRequired = "SUMMARY_REQUIRED"
 	CodeSchemaMismatch  = "SCHEMA_MISMATCH"
+
+	// Tasks.
+	CodeTaskNotFound        = "TASK_NOT_FOUND"
+	CodeSubmissionNotFound  = "SUBMISSION_NOT_FOUND"
+	CodeHarnessRefNotFound  = "HARNESS_REF_NOT_FOUND"
+	CodeTaskNotOpen         = "TASK_NOT_OPEN"
+	CodeSlotsExhausted      = "SLOTS_EXHAUSTED"
+	CodeSubmissionLimit     = "SUBMISSION_LIMIT"
+	CodeClaimRequired       = "CLAIM_REQUIRED"
+	CodeClaimInvalid        = "CLAIM_INVALID"
+	CodeHasReservations     = "HAS_RESERVATIONS"
+	CodeNothingToRefund     = "NOTHING_TO_REFUND"
+	CodeOwnTask             = "OWN_TASK"
+	CodeCredentialInPayload = "CREDENTIAL_IN_PAYLOAD"
+	CodeInvalidRevises      = "INVALID_REVISES"
+	CodeInvalidRequestKey   = "INVALID_REQUEST_KEY"
 )

@@ -121,7 +121,17 @@ func TaskID(taskType string, id int64) string {
 // already queued for the same row counts as success: the existing one will
 // do the work.
 func (e *Engine) Enqueue(ctx context.Context, taskType string, id int64, at time.Time) error {
-	taskID := TaskID(taskType, id)
+	return e.enqueue(ctx, taskType, id, TaskID(taskType, id), at)
+}
+
+// EnqueueKey is Enqueue for work that recurs on one row (a deadline per
+// clock, a redelivery per attempt): key makes each occurrence its own
+// task, so a finished one kept in Redis never hides the next.
+func (e *Engine) EnqueueKey(ctx context.Context, taskType string, id int64, key string, at time.Time) error {
+	return e.enqueue(ctx, taskType, id, TaskID(taskType, id)+":"+key, at)
+}
+
+func (e *Engine) enqueue(ctx context.Context, taskType string, id int64, taskID string, at time.Time) error {
 	task := asynq.NewTask(taskType, []byte(strconv.FormatInt(id, 10)))
 	opts := []asynq.Option{asynq.Queue(e.queue), asynq.TaskID(taskID), asynq.Retention(Retention)}
 	e.mu.Lock()

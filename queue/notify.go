@@ -1,13 +1,14 @@
 package queue
 
 import (
-	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/dojo-relay/dojo/kungfu/notify"
@@ -26,14 +27,20 @@ type Notifier struct {
 	Service *notify.Service
 	Client  *http.Client
 	Engine  *Engine
-	Log     *slog.Logger
+	// Keys signs every POST with Standard Webhooks headers as well, so an
+	// endpoint can verify Dojo from its JWKS; nil sends no webhook headers.
+	Keys *signing.ServerKey
+	Log  *slog.Logger
 	// Sweep is how often due rows are re-enqueued; zero means 5 s.
 	Sweep time.Duration
 }
 
 // Verify POSTs a verification probe and returns the reply (at most 64 KB).
+// The probe is signed like a push, so an endpoint that insists on a valid
+// webhook signature can still be registered; it has no outbox row, so its
+// webhook-id is random.
 func (n *Notifier) Verify(ctx context.Context, url string, body []byte) (int, []byte, error) {
-	resp, err := n.post(ctx, url, body, nil)
+	resp, err := n.post(ctx, url, "notify_verify_"+rand.Text(), body, nil)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -45,15 +52,11 @@ func (n *Notifier) Verify(ctx context.Context, url string, body []byte) (int, []
 	return resp.StatusCode, reply, nil
 }
 
-func (n *Notifier) post(ctx context.Context, url string, body []byte, header http.Header) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+func (n *Notifier) post(ctx context.Context, url, webhookID string, body []byte, header http.Header) (*http.Response, error) {
+	req, err := NewSignedPost(ctx, n.Keys, url, webhookID, body, header)
 	if err != nil {
 		return nil, err
 	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	req.Header.Set("Content-Type", "application/json")
 	return n.Client.Do(req)
 }
 
@@ -68,7 +71,8 @@ func (n *Notifier) Push(ctx context.Context, id int64) error {
 	if !ok {
 		return nil
 	}
-	resp, err := n.post(ctx, p.URL, p.Body, http.Header{
+	// One webhook-id per outbox row: every try of a push carries the same.
+	resp, err := n.post(ctx, p.URL, "notify_"+strconv.FormatInt(id, 10), p.Body, http.Header{
 		"X-Kungfu-Signature": {signing.KungfuSignature(p.Secret, p.Body)},
 	})
 	status := 0

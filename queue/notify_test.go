@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -37,6 +39,7 @@ type endpoint struct {
 	pushStatus atomic.Int32
 	mu         sync.Mutex
 	pushes     []push
+	probes     []push
 }
 
 func newEndpoint(t *testing.T, status int) *endpoint {
@@ -46,6 +49,9 @@ func newEndpoint(t *testing.T, status int) *endpoint {
 		body, _ := io.ReadAll(r.Body)
 		var probe struct{ Type, Challenge string }
 		if json.Unmarshal(body, &probe) == nil && probe.Type == "verification" {
+			ep.mu.Lock()
+			ep.probes = append(ep.probes, push{body: body, header: r.Header.Clone()})
+			ep.mu.Unlock()
 			io.WriteString(w, `{"echo":"`+probe.Challenge+`"}`)
 			return
 		}
@@ -65,6 +71,7 @@ func (ep *endpoint) received() []push {
 }
 
 type stack struct {
+	keys     *signing.ServerKey
 	db       *pgxpool.Pool
 	svc      *notify.Service
 	notifier *queue.Notifier
@@ -89,7 +96,7 @@ func newStack(t *testing.T, status int, sweep time.Duration) *stack {
 	client := queue.NewOutbound(allow, ep.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs)
 	svc := &notify.Service{DB: db, Now: kungfu.SystemClock, Keys: keys,
 		Backoff: func(int) time.Duration { return 10 * time.Millisecond }}
-	n := &queue.Notifier{Service: svc, Client: client, Sweep: sweep}
+	n := &queue.Notifier{Service: svc, Client: client, Keys: keys, Sweep: sweep}
 	svc.Verifier = n
 	e := newEngine(t)
 	n.Register(e)
@@ -108,7 +115,7 @@ func newStack(t *testing.T, status int, sweep time.Duration) *stack {
 		t.Fatal(err)
 	}
 	run(t, e)
-	return &stack{db: db, svc: svc, notifier: n, ep: ep, who: who, secret: reg.Secret}
+	return &stack{keys: keys, db: db, svc: svc, notifier: n, ep: ep, who: who, secret: reg.Secret}
 }
 
 // emit writes a push in a committed "fact" transaction.
@@ -132,7 +139,10 @@ func (s *stack) emit(t *testing.T, kind string) int64 {
 	return id
 }
 
-func (s *stack) checkSigned(t *testing.T, p push) {
+// checkSigned checks both signatures of the push of outbox row id: the
+// Kungfu HMAC under the endpoint's secret, and the Standard Webhooks
+// headers under the server key, one webhook-id per row.
+func (s *stack) checkSigned(t *testing.T, id int64, p push) {
 	t.Helper()
 	m := hmac.New(sha256.New, []byte(s.secret))
 	m.Write(p.body)
@@ -142,6 +152,18 @@ func (s *stack) checkSigned(t *testing.T, p push) {
 	}
 	if ct := p.header.Get("Content-Type"); ct != "application/json" {
 		t.Fatalf("content type %q", ct)
+	}
+	s.checkWebhook(t, p)
+	if got, want := p.header.Get("webhook-id"), "notify_"+strconv.FormatInt(id, 10); got != want {
+		t.Fatalf("webhook-id %q, want %q", got, want)
+	}
+}
+
+func (s *stack) checkWebhook(t *testing.T, p push) {
+	t.Helper()
+	pub := s.keys.Ed25519().Public().(ed25519.PublicKey)
+	if err := signing.VerifyWebhook(pub, p.header, p.body, 5*time.Minute, time.Now()); err != nil {
+		t.Fatalf("webhook headers %v: %v", p.header, err)
 	}
 }
 
@@ -156,12 +178,20 @@ func TestPushEndToEnd(t *testing.T) {
 	if want := `{"account":` + strconv.FormatInt(s.who.AccountID, 10) + `,"kind":"reply","count":1}`; string(p.body) != want {
 		t.Fatalf("body %s, want %s", p.body, want)
 	}
-	s.checkSigned(t, p)
+	s.checkSigned(t, id, p)
 	eventually(t, 5*time.Second, "sent_at", func() bool {
 		var sent bool
 		_ = s.db.QueryRow(context.Background(), `SELECT sent_at IS NOT NULL FROM notify_outbox WHERE id = $1`, id).Scan(&sent)
 		return sent
 	})
+	// The registration probe was signed too, under an id of its own.
+	s.ep.mu.Lock()
+	probes := append([]push(nil), s.ep.probes...)
+	s.ep.mu.Unlock()
+	if len(probes) != 1 || !strings.HasPrefix(probes[0].header.Get("webhook-id"), "notify_verify_") {
+		t.Fatalf("probes %+v", probes)
+	}
+	s.checkWebhook(t, probes[0])
 	// Enqueuing a sent row again sends nothing.
 	s.notifier.Enqueue(context.Background(), id)
 	time.Sleep(time.Second)
@@ -193,7 +223,7 @@ func TestPushGivesUpAfterFiveTries(t *testing.T) {
 		t.Fatalf("%d tries, want %d", len(got), notify.MaxAttempts)
 	}
 	for _, p := range got {
-		s.checkSigned(t, p)
+		s.checkSigned(t, id, p)
 	}
 	if attempts != 5 || status != 500 || sent != nil {
 		t.Fatalf("row: attempts %d, last_status %d, sent %v", attempts, status, sent)
@@ -210,7 +240,7 @@ func TestSweepRecoversLostEnqueue(t *testing.T) {
 	if want := `{"account":` + strconv.FormatInt(s.who.AccountID, 10) + `,"kind":"verdict","count":1}`; string(p.body) != want {
 		t.Fatalf("body %s", p.body)
 	}
-	s.checkSigned(t, p)
+	s.checkSigned(t, id, p)
 	eventually(t, 5*time.Second, "sent_at", func() bool {
 		var sent bool
 		_ = s.db.QueryRow(context.Background(), `SELECT sent_at IS NOT NULL FROM notify_outbox WHERE id = $1`, id).Scan(&sent)

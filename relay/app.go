@@ -3,12 +3,14 @@ package relay
 import (
 	"context"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,6 +21,7 @@ import (
 	"github.com/dojo-relay/dojo/kungfu/account"
 	"github.com/dojo-relay/dojo/kungfu/memory"
 	"github.com/dojo-relay/dojo/kungfu/notify"
+	"github.com/dojo-relay/dojo/kungfu/task"
 	"github.com/dojo-relay/dojo/kungfu/thread"
 	"github.com/dojo-relay/dojo/kungfu/tool"
 	"github.com/dojo-relay/dojo/migrations"
@@ -47,6 +50,13 @@ type Options struct {
 	Sweep time.Duration
 	// NotifyBackoff overrides the wait between notify tries (tests).
 	NotifyBackoff func(attempts int) time.Duration
+	// LadderScale multiplies the receiver redelivery ladder (tests: 0.001).
+	LadderScale float64
+	// ReceiverTimeout bounds one receiver POST (default 10 s).
+	ReceiverTimeout time.Duration
+	// DeliveryGrace is how long a submission may stay delivering before a
+	// crash is assumed (default 15 s; must exceed ReceiverTimeout).
+	DeliveryGrace time.Duration
 	// BcryptCost is for tests; zero means bcrypt's default.
 	BcryptCost int
 	Clock      kungfu.Clock
@@ -57,6 +67,7 @@ type Options struct {
 type App struct {
 	Server  *Server
 	Threads *thread.Service
+	Tasks   *task.Service
 	Notify  *notify.Service
 	Engine  *queue.Engine
 	DB      *pgxpool.Pool
@@ -124,7 +135,8 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		return nil, fmt.Errorf("queue: %w", err)
 	}
 	accounts := &account.Service{DB: pool, Now: o.Clock, BcryptCost: o.BcryptCost}
-	notifier := &queue.Notifier{Client: queue.NewOutbound(o.AllowTargets, o.RootCAs), Engine: engine, Log: o.Log, Sweep: o.Sweep}
+	outbound := queue.NewOutbound(o.AllowTargets, o.RootCAs)
+	notifier := &queue.Notifier{Client: outbound, Keys: o.SecretKey, Engine: engine, Log: o.Log, Sweep: o.Sweep}
 	notes := &notify.Service{DB: pool, Now: o.Clock, Keys: o.SecretKey, Verifier: notifier, Backoff: o.NotifyBackoff}
 	notifier.Service = notes
 	notifier.Register(engine)
@@ -137,11 +149,41 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		_, err := threads.Sweep(ctx, 50)
 		return err
 	})
+	tasks := &task.Service{DB: pool, Now: o.Clock,
+		Receiver:  &queue.Receivers{Client: outbound, Keys: o.SecretKey, Timeout: o.ReceiverTimeout},
+		Wake:      taskWaker{engine},
+		AllowHTTP: func(a netip.Addr) bool { return allowed(o.AllowTargets, a) },
+		AgentRef: func(code string, accountID int64) string {
+			return hex.EncodeToString(o.SecretKey.MAC("agent-ref", []byte("agent-ref:"+code+":"+strconv.FormatInt(accountID, 10))))[:16]
+		},
+		LadderScale: o.LadderScale, Grace: o.DeliveryGrace,
+	}
+	engine.Handle(task.TaskRedeliver, tasks.Redeliver)
+	engine.Every("receiver-sweep", o.Sweep, func(ctx context.Context) error {
+		due, err := tasks.Due(ctx, 50)
+		if err != nil {
+			return err
+		}
+		for _, p := range due {
+			if err := engine.EnqueueKey(ctx, task.TaskRedeliver, p.ID, p.Key(), time.Time{}); err != nil {
+				// Redis is down: deliver from here rather than wait for it.
+				if err := tasks.Redeliver(ctx, p.ID); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	engine.Every("claim-expiry", o.Sweep, func(ctx context.Context) error {
+		_, err := tasks.ExpireClaims(ctx, 100)
+		return err
+	})
 	reg, err := tool.NewRegistry(tool.Kungfu(tool.Services{
 		Accounts:  accounts,
 		Memories:  &memory.Service{DB: pool, Now: o.Clock},
 		Threads:   threads,
 		Notify:    notes,
+		Tasks:     tasks,
 		JoinGuard: &JoinGuard{Redis: rdb, Prefix: o.RedisPrefix, MaxFailures: 20, Window: 15 * time.Minute},
 		Links:     Links(o.PublicURL),
 	})...)
@@ -151,15 +193,31 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		return nil, err
 	}
 	srv := New(Config{PublicURL: o.PublicURL, TrustedProxies: o.TrustedProxies}, Deps{
-		DB: pool, Redis: rdb, Accounts: accounts, Tools: reg, Log: o.Log,
+		DB: pool, Redis: rdb, Accounts: accounts, Tools: reg, Log: o.Log, Keys: o.SecretKey,
 		Limiter: &Limiter{Redis: rdb, Prefix: o.RedisPrefix, Rules: o.Limits},
 	})
-	return &App{Server: srv, Threads: threads, Notify: notes, Engine: engine, DB: pool, Redis: rdb, log: o.Log}, nil
+	return &App{Server: srv, Threads: threads, Tasks: tasks, Notify: notes, Engine: engine, DB: pool, Redis: rdb, log: o.Log}, nil
 }
 
 // Links are the onboarding addresses under a public URL.
 func Links(public string) tool.Links {
 	return tool.Links{MCP: public + "/mcp", API: public + "/api/v1/", Docs: public + "/docs/"}
+}
+
+// taskWaker schedules receiver redeliveries, one queue task per attempt.
+type taskWaker struct{ e *queue.Engine }
+
+func (w taskWaker) EnqueueAttempt(ctx context.Context, id int64, attempt int, at time.Time) error {
+	return w.e.EnqueueKey(ctx, task.TaskRedeliver, id, strconv.Itoa(attempt), at)
+}
+
+func allowed(allow []netip.Prefix, a netip.Addr) bool {
+	for _, p := range allow {
+		if p.Contains(a.Unmap()) {
+			return true
+		}
+	}
+	return false
 }
 
 // roomNotify joins the notify outbox (written in the fact's transaction)

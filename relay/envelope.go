@@ -60,6 +60,21 @@ var errorTable = map[string]codeInfo{
 	kungfu.CodeInvalidTarget:   {http.StatusUnprocessableEntity, "retry"},
 	kungfu.CodeSummaryRequired: {http.StatusUnprocessableEntity, "revise"},
 	kungfu.CodeSchemaMismatch:  {http.StatusUnprocessableEntity, "revise"},
+
+	kungfu.CodeTaskNotFound:        {http.StatusNotFound, "stop"},
+	kungfu.CodeSubmissionNotFound:  {http.StatusNotFound, ""},
+	kungfu.CodeHarnessRefNotFound:  {http.StatusNotFound, ""},
+	kungfu.CodeTaskNotOpen:         {http.StatusConflict, "stop"},
+	kungfu.CodeSlotsExhausted:      {http.StatusConflict, "stop"},
+	kungfu.CodeSubmissionLimit:     {http.StatusConflict, "wait"},
+	kungfu.CodeClaimRequired:       {http.StatusConflict, "retry"},
+	kungfu.CodeClaimInvalid:        {http.StatusConflict, "retry"},
+	kungfu.CodeHasReservations:     {http.StatusConflict, ""},
+	kungfu.CodeNothingToRefund:     {http.StatusConflict, ""},
+	kungfu.CodeOwnTask:             {http.StatusForbidden, "stop"},
+	kungfu.CodeCredentialInPayload: {http.StatusUnprocessableEntity, "revise"},
+	kungfu.CodeInvalidRevises:      {http.StatusUnprocessableEntity, "revise"},
+	kungfu.CodeInvalidRequestKey:   {http.StatusUnprocessableEntity, "revise"},
 }
 
 // statusOf returns the HTTP status for a refusal code.

@@ -40,6 +40,26 @@ func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"ok": ready, "checks": checks, "version": kungfu.Version})
 }
 
+// serveJWKS publishes the server's Ed25519 public key, so receivers and
+// notify endpoints can verify the webhook-signature on Dojo's POSTs without
+// a shared secret. Five minutes of caching spares Dojo a fetch per
+// delivery while a rotated key still reaches verifiers quickly.
+func (s *Server) serveJWKS(w http.ResponseWriter, r *http.Request) {
+	if s.keys == nil {
+		http.NotFound(w, r)
+		return
+	}
+	b, err := s.keys.JWKS()
+	if err != nil {
+		s.log.ErrorContext(r.Context(), "jwks", "err", err)
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "public, max-age=300")
+	_, _ = w.Write(b)
+}
+
 var indexPage = template.Must(template.New("index").Parse(`<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Dojo</title>
 <style>body{font:16px/1.5 system-ui,sans-serif;max-width:46rem;margin:3rem auto;padding:0 1rem}code{background:#f3f3f3;padding:0 .2rem}</style>
@@ -54,6 +74,7 @@ It serves the Kungfu 3.0 tools.</p>
 <li>Lost key: <a href="/owner/key">/owner/key</a></li>
 <li>Docs: <a href="/docs/">/docs/</a> · tool list: <a href="/docs/tools.md">/docs/tools.md</a></li>
 <li>Health: <a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a></li>
+<li>Key that verifies Dojo's outbound POSTs: <a href="/.well-known/jwks.json">/.well-known/jwks.json</a> (<a href="/docs/receivers.md">how</a>)</li>
 </ul>
 <p>Version {{.Version}}</p>
 </body></html>

@@ -18,6 +18,7 @@ import (
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/account"
 	"github.com/dojo-relay/dojo/kungfu/tool"
+	"github.com/dojo-relay/dojo/signing"
 )
 
 // Body caps: the MCP transport takes 1 MiB, the HTTP JSON twin 512 KB plus
@@ -44,6 +45,7 @@ type Server struct {
 	accounts *account.Service
 	tools    *tool.Registry
 	limiter  *Limiter
+	keys     *signing.ServerKey
 	log      *slog.Logger
 }
 
@@ -54,7 +56,10 @@ type Deps struct {
 	Accounts *account.Service
 	Tools    *tool.Registry
 	Limiter  *Limiter
-	Log      *slog.Logger
+	// Keys is the server key whose public half is served as the JWKS;
+	// nil serves no JWKS (404).
+	Keys *signing.ServerKey
+	Log  *slog.Logger
 }
 
 // New builds the relay.
@@ -63,7 +68,7 @@ func New(cfg Config, d Deps) *Server {
 		d.Log = slog.Default()
 	}
 	cfg.PublicURL = strings.TrimRight(cfg.PublicURL, "/")
-	return &Server{cfg: cfg, db: d.DB, redis: d.Redis, accounts: d.Accounts, tools: d.Tools, limiter: d.Limiter, log: d.Log}
+	return &Server{cfg: cfg, db: d.DB, redis: d.Redis, accounts: d.Accounts, tools: d.Tools, limiter: d.Limiter, keys: d.Keys, log: d.Log}
 }
 
 // Handler returns the HTTP routes.
@@ -74,6 +79,7 @@ func (s *Server) Handler() http.Handler {
 	r.HandleFunc("/owner/key", s.serveOwnerKey)
 	r.HandleFunc("/healthz", s.serveHealth).Methods(http.MethodGet, http.MethodHead)
 	r.HandleFunc("/readyz", s.serveReady).Methods(http.MethodGet, http.MethodHead)
+	r.HandleFunc("/.well-known/jwks.json", s.serveJWKS).Methods(http.MethodGet, http.MethodHead)
 	r.PathPrefix("/docs").HandlerFunc(s.serveDocs).Methods(http.MethodGet, http.MethodHead)
 	r.HandleFunc("/", s.serveIndex).Methods(http.MethodGet, http.MethodHead)
 	return r

@@ -33,6 +33,7 @@ const nonceSize = 12
 // 32-byte seed with HKDF under its own label, so one secret to back up
 // yields independent keys for sealing and for signing.
 type ServerKey struct {
+	seed []byte // kept to derive purpose-bound MAC keys on demand
 	aead cipher.AEAD
 	ed   ed25519.PrivateKey
 	kid  string
@@ -76,7 +77,7 @@ func newServerKey(seed []byte) (*ServerKey, error) {
 	}
 	ed := ed25519.NewKeyFromSeed(derive(seed, "dojo ed25519 v1"))
 	sum := sha256.Sum256(ed.Public().(ed25519.PublicKey))
-	return &ServerKey{aead: aead, ed: ed, kid: hex.EncodeToString(sum[:])[:16]}, nil
+	return &ServerKey{seed: seed, aead: aead, ed: ed, kid: hex.EncodeToString(sum[:])[:16]}, nil
 }
 
 func derive(seed []byte, info string) []byte {

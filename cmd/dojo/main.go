@@ -10,12 +10,16 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dojo-relay/dojo/kungfu"
+	"github.com/dojo-relay/dojo/kungfu/credits"
+	"github.com/dojo-relay/dojo/kungfu/task"
 	"github.com/dojo-relay/dojo/kungfu/tool"
 	"github.com/dojo-relay/dojo/migrations"
 	"github.com/dojo-relay/dojo/queue"
@@ -30,6 +34,7 @@ Usage:
   dojo serve                         serve with DATABASE_URL, REDIS_URL, DOJO_ADDR, DOJO_PUBLIC_URL
   dojo migrate                       apply the embedded migrations to DATABASE_URL
   dojo keygen                        print a new server key for DOJO_SECRET_KEY
+  dojo check                         audit the money: every task's budget and every balance
   dojo tools [--markdown]            list the tools (Markdown for docs/tools.md)
   dojo version                       print the version
 `
@@ -53,6 +58,8 @@ func main() {
 		err = tools(os.Stdout, args)
 	case "keygen":
 		err = keygen(os.Stdout)
+	case "check":
+		err = check(ctx, os.Stdout, env())
 	case "version", "--version", "-v":
 		fmt.Println("dojo", kungfu.Version)
 	case "help", "--help", "-h":
@@ -80,6 +87,7 @@ type config struct {
 	SecretKey    string
 	AllowTargets string
 	Queue        string
+	LadderScale  string
 }
 
 func env() config {
@@ -101,6 +109,7 @@ func env() config {
 		SecretKey:    os.Getenv("DOJO_SECRET_KEY"),
 		AllowTargets: os.Getenv("DOJO_ALLOW_TARGETS"),
 		Queue:        get("DOJO_QUEUE", "dojo"),
+		LadderScale:  get("DOJO_LADDER_SCALE", "1"),
 	}
 }
 
@@ -138,6 +147,10 @@ func (c config) options() (relay.Options, error) {
 	if err != nil {
 		return relay.Options{}, fmt.Errorf("DOJO_ALLOW_TARGETS: %w", err)
 	}
+	scale, err := strconv.ParseFloat(c.LadderScale, 64)
+	if err != nil || scale <= 0 {
+		return relay.Options{}, fmt.Errorf("DOJO_LADDER_SCALE: want a positive number, got %q", c.LadderScale)
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	// go-redis prints its own retries; route them through slog at debug so a
 	// refusal to start stays one line.
@@ -145,7 +158,7 @@ func (c config) options() (relay.Options, error) {
 	return relay.Options{
 		DatabaseURL: c.DatabaseURL, RedisURL: c.RedisURL, RedisPrefix: c.RedisPrefix,
 		PublicURL: public, Limits: limits, TrustedProxies: proxies, Log: log,
-		SecretKey: key, AllowTargets: allow, Queue: c.Queue,
+		SecretKey: key, AllowTargets: allow, Queue: c.Queue, LadderScale: scale,
 	}, nil
 }
 
@@ -188,6 +201,34 @@ func run(ctx context.Context, c config, ready func(base string)) error {
 		ready(opts.PublicURL)
 	}
 	return app.Serve(ctx, ln)
+}
+
+// check audits the money invariants and exits non-zero on any problem.
+func check(ctx context.Context, w io.Writer, c config) error {
+	pool, err := pgxpool.New(ctx, c.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	drift, err := credits.Check(ctx, pool)
+	if err != nil {
+		return err
+	}
+	problems, err := task.Check(ctx, pool)
+	if err != nil {
+		return err
+	}
+	for _, d := range drift {
+		fmt.Fprintf(w, "account %d: balance %d but its ledger sums to %d\n", d.AccountID, d.Balance, d.Ledger)
+	}
+	for _, p := range problems {
+		fmt.Fprintf(w, "task %s: %s\n", p.Task, p.Problem)
+	}
+	if n := len(drift) + len(problems); n > 0 {
+		return fmt.Errorf("check: %d problems", n)
+	}
+	fmt.Fprintln(w, "dojo check: every balance equals its ledger; every task has budget_locked = settled + reserved + refunded + available")
+	return nil
 }
 
 // keygen prints a fresh server key. It seals stored secrets and signs what

@@ -231,7 +231,7 @@ func (s *Service) Take(ctx context.Context, who kungfu.Caller, id int64, d Deliv
 		}
 		out := AssignResult{Assign: id, Thread: a.room.Code, State: "taken", DeliverDueAt: &due, Fulfilled: tag.RowsAffected() == 1}
 		if d.empty() {
-			w.wakeAt(id, due)
+			w.wakeAt(id, "deliver", due)
 			return out, nil
 		}
 		res, err := w.deliver(ctx, &a, d)
@@ -313,7 +313,7 @@ func (w *write) deliver(ctx context.Context, a *assignment, d Delivery) (AssignR
 		return AssignResult{}, err
 	}
 	a.State = "delivered"
-	w.wakeAt(a.ID, judgeDue)
+	w.wakeAt(a.ID, "judge", judgeDue)
 	if a.Forfeited == nil {
 		if err := w.notify(ctx, a.Creator, "judge"); err != nil {
 			return AssignResult{}, err

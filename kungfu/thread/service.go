@@ -45,7 +45,7 @@ type Notifier interface {
 // Waker schedules a wake-up for an assignment deadline. PostgreSQL's sweep
 // catches any wake-up Redis loses.
 type Waker interface {
-	Enqueue(ctx context.Context, taskType string, id int64, at time.Time) error
+	EnqueueKey(ctx context.Context, taskType string, id int64, key string, at time.Time) error
 }
 
 // TaskDeadline is the queue task type of assignment deadline wake-ups.
@@ -83,8 +83,9 @@ type write struct {
 }
 
 type wake struct {
-	id int64
-	at time.Time
+	id  int64
+	key string
+	at  time.Time
 }
 
 func (w *write) notify(ctx context.Context, accountID int64, kind string) error {
@@ -101,7 +102,11 @@ func (w *write) notify(ctx context.Context, accountID int64, kind string) error 
 	return nil
 }
 
-func (w *write) wakeAt(id int64, at time.Time) { w.wakes = append(w.wakes, wake{id, at}) }
+// wakeAt schedules the assignment's deadline check; key names the clock
+// (deliver or judge) so each gets its own wake-up.
+func (w *write) wakeAt(id int64, key string, at time.Time) {
+	w.wakes = append(w.wakes, wake{id, key, at})
+}
 
 // committed is a refusal whose transaction must still commit: a deadline
 // that beat the action is recorded even though the action is refused.
@@ -192,7 +197,7 @@ func (s *Service) after(ctx context.Context, w *write) {
 	}
 	if s.Wake != nil {
 		for _, wk := range w.wakes {
-			_ = s.Wake.Enqueue(ctx, TaskDeadline, wk.id, wk.at)
+			_ = s.Wake.EnqueueKey(ctx, TaskDeadline, wk.id, wk.key, wk.at)
 		}
 	}
 }

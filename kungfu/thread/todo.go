@@ -16,7 +16,9 @@ import (
 // Todo is one item of the turn.
 type Todo struct {
 	Kind       string     `json:"kind"`
-	Thread     string     `json:"thread"`
+	Thread     string     `json:"thread,omitempty"`
+	Task       string     `json:"task,omitempty"`
+	Claim      string     `json:"claim,omitempty"`
 	Entry      *int64     `json:"entry,omitempty"`
 	Assign     *int64     `json:"assign,omitempty"`
 	Seq        *int64     `json:"seq,omitempty"`
@@ -54,7 +56,7 @@ func parseTodoCursor(s string) (todoCursor, error) {
 	t, err1 := time.Parse(time.RFC3339Nano, parts[0])
 	b, err2 := strconv.Atoi(parts[1])
 	id, err3 := strconv.ParseInt(parts[2], 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil || b < 1 || b > 3 || id < 1 {
+	if err1 != nil || err2 != nil || err3 != nil || b < 1 || b > 4 || id < 1 {
 		return todoCursor{}, bad
 	}
 	return todoCursor{t, b, id}, nil
@@ -92,14 +94,20 @@ SELECT * FROM (
    WHERE s.creator_id = $1 AND s.state = 'delivered' AND s.judge_due_at > $2 AND s.judge_forfeited_at IS NULL
      AND (s.delivered_at, s.id) > ($3, $6) AND ($8 = 0 OR s.thread_id = $8)
    ORDER BY s.delivered_at, s.id LIMIT $7)
+  UNION ALL
+  (SELECT c.created_at, 4, c.id, t.code, NULL, NULL, NULL, p.name, v.title, c.expires_at
+   FROM claims c JOIN tasks t ON t.id = c.task_id JOIN task_versions v ON v.task_id = c.task_id AND v.version = c.version
+   JOIN accounts p ON p.id = t.publisher_id
+   WHERE c.account_id = $1 AND c.status = 'active' AND c.expires_at > $2 AND (c.created_at, c.id) > ($3, $9) AND $8 = 0
+   ORDER BY c.created_at, c.id LIMIT $7)
 ) turn
 ORDER BY produced, branch, row_id
 LIMIT $7`
 
 // bounds turns a cursor into each branch's id bound at the cursor's time.
-func (c todoCursor) bounds() (after time.Time, b1, b2, b3 int64) {
+func (c todoCursor) bounds() (after time.Time, b1, b2, b3, b4 int64) {
 	if c.produced.IsZero() {
-		return time.Time{}, 0, 0, 0
+		return time.Time{}, 0, 0, 0, 0
 	}
 	bound := func(branch int) int64 {
 		switch {
@@ -110,19 +118,19 @@ func (c todoCursor) bounds() (after time.Time, b1, b2, b3 int64) {
 		}
 		return 0
 	}
-	return c.produced, bound(1), bound(2), bound(3)
+	return c.produced, bound(1), bound(2), bound(3), bound(4)
 }
 
-var nextActions = map[int]string{1: "respond", 2: "deliver", 3: "judge"}
-var kinds = map[int]string{1: "reply", 2: "deliver", 3: "judge"}
+var nextActions = map[int]string{1: "respond", 2: "deliver", 3: "judge", 4: "submit"}
+var kinds = map[int]string{1: "reply", 2: "deliver", 3: "judge", 4: "deliver"}
 
 func todos(ctx context.Context, tx pgx.Tx, me int64, now time.Time, c todoCursor, roomID int64, limit int) ([]Todo, *string, error) {
-	after, b1, b2, b3 := c.bounds()
+	after, b1, b2, b3, b4 := c.bounds()
 	var from any = after
 	if after.IsZero() {
 		from = pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	}
-	rows, err := tx.Query(ctx, turnSQL, me, now, from, b1, b2, b3, limit+1, roomID)
+	rows, err := tx.Query(ctx, turnSQL, me, now, from, b1, b2, b3, limit+1, roomID, b4)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -130,6 +138,10 @@ func todos(ctx context.Context, tx pgx.Tx, me int64, now time.Time, c todoCursor
 		var t Todo
 		err := r.Scan(&t.ProducedAt, &t.branch, &t.rowID, &t.Thread, &t.Entry, &t.Assign, &t.Seq, &t.Author, &t.Summary, &t.DueAt)
 		t.Kind, t.NextAction = kinds[t.branch], nextActions[t.branch]
+		if t.branch == 4 {
+			// A task claim: the work is owed to a task, not a room.
+			t.Task, t.Thread, t.Claim = t.Thread, "", strconv.FormatInt(t.rowID, 10)
+		}
 		t.ProducedAt = t.ProducedAt.UTC()
 		return t, err
 	})
@@ -182,9 +194,18 @@ func (s *Service) Todo(ctx context.Context, who kungfu.Caller, cursor string) (T
 		if out.Todos, out.NextCursor, err = todos(ctx, tx, who.AccountID, now, c, 0, PageSize); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, `SELECT count(*) FROM assigns s JOIN threads t ON t.id = s.thread_id
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM assigns s JOIN threads t ON t.id = s.thread_id
 			JOIN thread_members m ON m.thread_id = t.id AND m.account_id = s.assignee_id
-			WHERE s.assignee_id = $1 AND s.state = 'open' AND t.status = 'open'`, who.AccountID).Scan(&out.Opportunities.Assignments)
+			WHERE s.assignee_id = $1 AND s.state = 'open' AND t.status = 'open'`, who.AccountID).Scan(&out.Opportunities.Assignments); err != nil {
+			return err
+		}
+		// Restricted tasks naming me that I could claim right now.
+		return tx.QueryRow(ctx, `SELECT count(*) FROM task_audience a JOIN tasks t ON t.id = a.task_id
+			JOIN task_versions v ON v.task_id = t.id AND v.version = t.version
+			WHERE a.account_id = $1 AND t.status = 'open' AND t.budget_locked - t.settled - t.reserved - t.refunded >= v.price
+			  AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.task_id = t.id AND c.account_id = $1 AND c.status = 'active')
+			  AND (SELECT count(*) FROM submissions x WHERE x.task_id = t.id AND x.account_id = $1 AND x.state = 'rejected'
+			       AND x.terminal_at > $2) < v.max_rejected`, who.AccountID, now.Add(-24*time.Hour)).Scan(&out.Opportunities.Tasks)
 	})
 	return out, err
 }

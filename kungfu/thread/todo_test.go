@@ -13,14 +13,14 @@ func TestTodoCursor(t *testing.T) {
 	if err != nil || back != c {
 		t.Fatalf("round trip: %v %v", back, err)
 	}
-	after, b1, b2, b3 := c.bounds()
-	if !after.Equal(at) || b1 != math.MaxInt64 || b2 != 42 || b3 != 0 {
-		t.Fatalf("bounds: %v %d %d %d", after, b1, b2, b3)
+	after, b1, b2, b3, b4 := c.bounds()
+	if !after.Equal(at) || b1 != math.MaxInt64 || b2 != 42 || b3 != 0 || b4 != 0 {
+		t.Fatalf("bounds: %v %d %d %d %d", after, b1, b2, b3, b4)
 	}
-	if after, _, _, _ := (todoCursor{}).bounds(); !after.IsZero() {
+	if after, _, _, _, _ := (todoCursor{}).bounds(); !after.IsZero() {
 		t.Fatal("first page has a time bound")
 	}
-	for _, bad := range []string{"x", "a|b|c", at.Format(time.RFC3339Nano) + "|4|1", at.Format(time.RFC3339Nano) + "|1|0", "2026-11-30 03:04:05|1|1"} {
+	for _, bad := range []string{"x", "a|b|c", at.Format(time.RFC3339Nano) + "|5|1", at.Format(time.RFC3339Nano) + "|1|0", "2026-11-30 03:04:05|1|1"} {
 		if _, err := parseTodoCursor(bad); err == nil {
 			t.Errorf("parseTodoCursor(%q) accepted", bad)
 		}

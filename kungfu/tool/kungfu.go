@@ -4,6 +4,7 @@ import (
 	"github.com/dojo-relay/dojo/kungfu/account"
 	"github.com/dojo-relay/dojo/kungfu/memory"
 	"github.com/dojo-relay/dojo/kungfu/notify"
+	"github.com/dojo-relay/dojo/kungfu/task"
 	"github.com/dojo-relay/dojo/kungfu/thread"
 )
 
@@ -20,6 +21,7 @@ type Services struct {
 	Memories  *memory.Service
 	Threads   *thread.Service
 	Notify    *notify.Service
+	Tasks     *task.Service
 	JoinGuard JoinGuard
 	Links     Links
 }
@@ -27,6 +29,8 @@ type Services struct {
 // Kungfu returns every Kungfu tool Dojo serves, in documentation order.
 func Kungfu(s Services) []*Tool {
 	var tools []*Tool
+	tools = append(tools, workTools(s)...)
+	tools = append(tools, taskTools(s)...)
 	tools = append(tools, accountTools(s)...)
 	tools = append(tools, memoryTools(s)...)
 	tools = append(tools, threadTools(s)...)
