@@ -210,3 +210,40 @@ func BenchmarkTodoList(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkWorkSubmit is work_submit → settled end to end: intake
+// transaction, synchronous POST to a loopback receiver that accepts, and the
+// settle transaction that pays the executor. 16 executors submit claim-less
+// to one open task with budget for every submission.
+func BenchmarkWorkSubmit(b *testing.B) {
+	d := start(b, withSweep(5*time.Second))
+	j := newJudge(b, 200, `{"accepted":true}`)
+	pub, _ := d.register(b)
+	var execs []string
+	for range 16 {
+		k, _ := d.register(b)
+		execs = append(execs, k)
+	}
+	// Fund the publisher beyond the signup grant with direct ledger moves.
+	if _, err := d.App.DB.Exec(context.Background(), `WITH a AS (SELECT id FROM accounts WHERE balance = 66 ORDER BY id LIMIT 1)
+		UPDATE accounts SET balance = balance + 1000000 WHERE id = (SELECT id FROM a)`); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := d.App.DB.Exec(context.Background(), `INSERT INTO ledger (account_id, type, amount, balance_after, created_at)
+		SELECT id, 'grant_payment', 1000000, balance, now() FROM accounts WHERE balance > 1000000`); err != nil {
+		b.Fatal(err)
+	}
+	code := newTask(b, d, pub, j.srv.URL, 1, 1000000, nil)
+	var n atomic.Int64
+	load(b, 16, func(i int) error {
+		key := execs[n.Add(1)%16]
+		body := []byte(fmt.Sprintf(`{"code":"%s","request_key":"r%d","payload":{"n":%d}}`, code, i, i))
+		return benchCall(d.URL+"/api/v1/work_submit", key, body)
+	})
+	b.StopTimer()
+	var settled int
+	_ = d.App.DB.QueryRow(context.Background(), `SELECT count(*) FROM submissions WHERE state = 'settled'`).Scan(&settled)
+	if settled < b.N {
+		b.Fatalf("%d of %d submissions settled", settled, b.N)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -88,6 +89,8 @@ type config struct {
 	AllowTargets string
 	Queue        string
 	LadderScale  string
+	Timeout      string
+	Grace        string
 }
 
 func env() config {
@@ -110,6 +113,8 @@ func env() config {
 		AllowTargets: os.Getenv("DOJO_ALLOW_TARGETS"),
 		Queue:        get("DOJO_QUEUE", "dojo"),
 		LadderScale:  get("DOJO_LADDER_SCALE", "1"),
+		Timeout:      get("DOJO_RECEIVER_TIMEOUT", "10s"),
+		Grace:        get("DOJO_DELIVERY_GRACE", "15s"),
 	}
 }
 
@@ -151,6 +156,14 @@ func (c config) options() (relay.Options, error) {
 	if err != nil || scale <= 0 {
 		return relay.Options{}, fmt.Errorf("DOJO_LADDER_SCALE: want a positive number, got %q", c.LadderScale)
 	}
+	timeout, err := time.ParseDuration(c.Timeout)
+	if err != nil || timeout <= 0 {
+		return relay.Options{}, fmt.Errorf("DOJO_RECEIVER_TIMEOUT: want a duration such as 10s, got %q", c.Timeout)
+	}
+	grace, err := time.ParseDuration(c.Grace)
+	if err != nil || grace <= timeout {
+		return relay.Options{}, fmt.Errorf("DOJO_DELIVERY_GRACE: want a duration longer than DOJO_RECEIVER_TIMEOUT, got %q", c.Grace)
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	// go-redis prints its own retries; route them through slog at debug so a
 	// refusal to start stays one line.
@@ -159,6 +172,7 @@ func (c config) options() (relay.Options, error) {
 		DatabaseURL: c.DatabaseURL, RedisURL: c.RedisURL, RedisPrefix: c.RedisPrefix,
 		PublicURL: public, Limits: limits, TrustedProxies: proxies, Log: log,
 		SecretKey: key, AllowTargets: allow, Queue: c.Queue, LadderScale: scale,
+		ReceiverTimeout: timeout, DeliveryGrace: grace,
 	}, nil
 }
 
