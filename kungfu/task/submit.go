@@ -224,34 +224,46 @@ func endClaim(ctx context.Context, tx pgx.Tx, taskID int64, c Claim, status stri
 }
 
 // ExpireClaims ends up to limit claims past expires_at and releases their
-// reservations.
+// reservations. Like every writer of claims it locks the task first, so it
+// never deadlocks with a submission on the same task.
 func (s *Service) ExpireClaims(ctx context.Context, limit int) (int, error) {
+	rows, err := s.DB.Query(ctx, `SELECT id, task_id FROM claims WHERE status = 'active' AND expires_at <= $1
+		ORDER BY expires_at LIMIT $2`, s.Now(), limit)
+	if err != nil {
+		return 0, wrap("claim_expiry", err)
+	}
+	type due struct{ id, task int64 }
+	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (due, error) {
+		var d due
+		err := r.Scan(&d.id, &d.task)
+		return d, err
+	})
+	if err != nil {
+		return 0, wrap("claim_expiry", err)
+	}
 	n := 0
-	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
-		now := s.Now()
-		rows, err := tx.Query(ctx, `SELECT c.id, c.task_id, c.amount FROM claims c WHERE c.status = 'active' AND c.expires_at <= $1
-			ORDER BY c.expires_at LIMIT $2 FOR UPDATE SKIP LOCKED`, now, limit)
-		if err != nil {
-			return err
-		}
-		type exp struct{ id, task, amount int64 }
-		list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (exp, error) {
-			var e exp
-			err := r.Scan(&e.id, &e.task, &e.amount)
-			return e, err
-		})
-		if err != nil {
-			return err
-		}
-		for _, e := range list {
-			if err := endClaim(ctx, tx, e.task, Claim{ClaimID: strconv.FormatInt(e.id, 10), Amount: e.amount}, "expired", now); err != nil {
+	for _, d := range list {
+		err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE`, d.task); err != nil {
+				return err
+			}
+			now := s.Now()
+			var amount int64
+			err := tx.QueryRow(ctx, `SELECT amount FROM claims WHERE id = $1 AND status = 'active' AND expires_at <= $2`, d.id, now).Scan(&amount)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil // renewed, used or released meanwhile
+			}
+			if err != nil {
 				return err
 			}
 			n++
+			return endClaim(ctx, tx, d.task, Claim{ClaimID: strconv.FormatInt(d.id, 10), Amount: amount}, "expired", now)
+		})
+		if err != nil {
+			return n, wrap("claim_expiry", err)
 		}
-		return nil
-	})
-	return n, wrap("claim_expiry", err)
+	}
+	return n, nil
 }
 
 // SubmitInput is work_submit's arguments.
