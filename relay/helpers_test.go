@@ -19,6 +19,7 @@ import (
 
 	"github.com/dojo-relay/dojo/kungfu/credits"
 	"github.com/dojo-relay/dojo/kungfu/kungfutest"
+	"github.com/dojo-relay/dojo/kungfu/task"
 	"github.com/dojo-relay/dojo/relay"
 	"github.com/dojo-relay/dojo/signing"
 )
@@ -82,6 +83,9 @@ func startOn(t testing.TB, dsn, prefix string, opts ...option) *dojo {
 		// Ledger and balances must agree after every scenario.
 		if drift, err := credits.Check(context.Background(), app.DB); err != nil || len(drift) > 0 {
 			t.Errorf("credits.Check: drift %+v, err %v", drift, err)
+		}
+		if problems, err := task.Check(context.Background(), app.DB); err != nil || len(problems) > 0 {
+			t.Errorf("task.Check: %+v, err %v", problems, err)
 		}
 		cancel()
 		if err := <-done; err != nil {
