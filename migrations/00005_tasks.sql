@@ -77,7 +77,8 @@ CREATE TABLE submissions (
     claim_id        BIGINT      NOT NULL REFERENCES claims (id),
     version         INT         NOT NULL,
     request_key     TEXT        NOT NULL,
-    payload         JSONB,
+    -- json, not jsonb: every redelivery must send the first body byte for byte.
+    payload         JSON,
     payload_hash    BYTEA       NOT NULL,
     amount          BIGINT      NOT NULL CHECK (amount > 0),
     state           TEXT        NOT NULL CHECK (state IN ('delivering', 'uncertain', 'settled', 'rejected', 'failed')),

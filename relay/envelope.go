@@ -12,69 +12,71 @@ import (
 type codeInfo struct {
 	status     int
 	nextAction string
+	// retryNow sets retry_after 0: act again at once (claim, then submit).
+	retryNow bool
 }
 
 // errorTable is the one place that maps a protocol error code to its HTTP
 // status and next_action. A code missing here is masked as INTERNAL_ERROR.
 var errorTable = map[string]codeInfo{
-	kungfu.CodeUnauthorized:        {http.StatusUnauthorized, "stop"},
-	kungfu.CodeInvalidCredentials:  {http.StatusUnauthorized, "stop"},
-	kungfu.CodeInsufficientCredits: {http.StatusPaymentRequired, ""},
-	kungfu.CodeNotOwner:            {http.StatusForbidden, ""},
-	kungfu.CodePrivateKungfu:       {http.StatusForbidden, ""},
-	kungfu.CodeNotFound:            {http.StatusNotFound, ""},
-	kungfu.CodeUnknownTool:         {http.StatusNotFound, ""},
-	kungfu.CodeNameTaken:           {http.StatusConflict, ""},
-	kungfu.CodeInvalidState:        {http.StatusConflict, ""},
-	kungfu.CodeIdempotencyConflict: {http.StatusConflict, "revise"},
-	kungfu.CodePayloadTooLarge:     {http.StatusRequestEntityTooLarge, "revise"},
-	kungfu.CodeContentTooLarge:     {http.StatusRequestEntityTooLarge, "revise"},
-	kungfu.CodeValidationFailed:    {http.StatusUnprocessableEntity, ""},
-	kungfu.CodeInvalidName:         {http.StatusUnprocessableEntity, ""},
-	kungfu.CodeInvalidPassword:     {http.StatusUnprocessableEntity, ""},
-	kungfu.CodeReservedName:        {http.StatusUnprocessableEntity, ""},
-	kungfu.CodeInvalidCode:         {http.StatusUnprocessableEntity, ""},
-	kungfu.CodeContentTooShort:     {http.StatusUnprocessableEntity, ""},
-	kungfu.CodeTitleTooLong:        {http.StatusUnprocessableEntity, ""},
-	kungfu.CodeDescriptionTooLong:  {http.StatusUnprocessableEntity, ""},
-	kungfu.CodeTooManyTags:         {http.StatusUnprocessableEntity, ""},
-	kungfu.CodeTagTooLong:          {http.StatusUnprocessableEntity, ""},
-	kungfu.CodeInvalidTags:         {http.StatusUnprocessableEntity, ""},
-	kungfu.CodeSensitiveContent:    {http.StatusUnprocessableEntity, "revise"},
-	kungfu.CodeMissingField:        {http.StatusBadRequest, ""},
-	kungfu.CodeInvalidRequest:      {http.StatusBadRequest, ""},
-	kungfu.CodeRateLimit:           {http.StatusTooManyRequests, "wait"},
-	kungfu.CodeInternal:            {http.StatusInternalServerError, ""},
+	kungfu.CodeUnauthorized:        {http.StatusUnauthorized, "stop", false},
+	kungfu.CodeInvalidCredentials:  {http.StatusUnauthorized, "stop", false},
+	kungfu.CodeInsufficientCredits: {http.StatusPaymentRequired, "", false},
+	kungfu.CodeNotOwner:            {http.StatusForbidden, "", false},
+	kungfu.CodePrivateKungfu:       {http.StatusForbidden, "", false},
+	kungfu.CodeNotFound:            {http.StatusNotFound, "", false},
+	kungfu.CodeUnknownTool:         {http.StatusNotFound, "", false},
+	kungfu.CodeNameTaken:           {http.StatusConflict, "", false},
+	kungfu.CodeInvalidState:        {http.StatusConflict, "", false},
+	kungfu.CodeIdempotencyConflict: {http.StatusConflict, "revise", false},
+	kungfu.CodePayloadTooLarge:     {http.StatusRequestEntityTooLarge, "revise", false},
+	kungfu.CodeContentTooLarge:     {http.StatusRequestEntityTooLarge, "revise", false},
+	kungfu.CodeValidationFailed:    {http.StatusUnprocessableEntity, "", false},
+	kungfu.CodeInvalidName:         {http.StatusUnprocessableEntity, "", false},
+	kungfu.CodeInvalidPassword:     {http.StatusUnprocessableEntity, "", false},
+	kungfu.CodeReservedName:        {http.StatusUnprocessableEntity, "", false},
+	kungfu.CodeInvalidCode:         {http.StatusUnprocessableEntity, "", false},
+	kungfu.CodeContentTooShort:     {http.StatusUnprocessableEntity, "", false},
+	kungfu.CodeTitleTooLong:        {http.StatusUnprocessableEntity, "", false},
+	kungfu.CodeDescriptionTooLong:  {http.StatusUnprocessableEntity, "", false},
+	kungfu.CodeTooManyTags:         {http.StatusUnprocessableEntity, "", false},
+	kungfu.CodeTagTooLong:          {http.StatusUnprocessableEntity, "", false},
+	kungfu.CodeInvalidTags:         {http.StatusUnprocessableEntity, "", false},
+	kungfu.CodeSensitiveContent:    {http.StatusUnprocessableEntity, "revise", false},
+	kungfu.CodeMissingField:        {http.StatusBadRequest, "", false},
+	kungfu.CodeInvalidRequest:      {http.StatusBadRequest, "", false},
+	kungfu.CodeRateLimit:           {http.StatusTooManyRequests, "wait", false},
+	kungfu.CodeInternal:            {http.StatusInternalServerError, "", false},
 
-	kungfu.CodeThreadNotFound:  {http.StatusNotFound, "stop"},
-	kungfu.CodeAssignNotFound:  {http.StatusNotFound, "stop"},
-	kungfu.CodeNotMember:       {http.StatusForbidden, "stop"},
-	kungfu.CodeNotGovernor:     {http.StatusForbidden, "retry"},
-	kungfu.CodeReadOnly:        {http.StatusForbidden, "stop"},
-	kungfu.CodeNotYours:        {http.StatusForbidden, "stop"},
-	kungfu.CodeKeyInvalid:      {http.StatusUnauthorized, "stop"},
-	kungfu.CodeThreadClosed:    {http.StatusConflict, "stop"},
-	kungfu.CodeRoomLimit:       {http.StatusConflict, "stop"},
-	kungfu.CodeMemberLimit:     {http.StatusConflict, "stop"},
-	kungfu.CodeLastManager:     {http.StatusConflict, "retry"},
-	kungfu.CodeInvalidTarget:   {http.StatusUnprocessableEntity, "retry"},
-	kungfu.CodeSummaryRequired: {http.StatusUnprocessableEntity, "revise"},
-	kungfu.CodeSchemaMismatch:  {http.StatusUnprocessableEntity, "revise"},
+	kungfu.CodeThreadNotFound:  {http.StatusNotFound, "stop", false},
+	kungfu.CodeAssignNotFound:  {http.StatusNotFound, "stop", false},
+	kungfu.CodeNotMember:       {http.StatusForbidden, "stop", false},
+	kungfu.CodeNotGovernor:     {http.StatusForbidden, "retry", false},
+	kungfu.CodeReadOnly:        {http.StatusForbidden, "stop", false},
+	kungfu.CodeNotYours:        {http.StatusForbidden, "stop", false},
+	kungfu.CodeKeyInvalid:      {http.StatusUnauthorized, "stop", false},
+	kungfu.CodeThreadClosed:    {http.StatusConflict, "stop", false},
+	kungfu.CodeRoomLimit:       {http.StatusConflict, "stop", false},
+	kungfu.CodeMemberLimit:     {http.StatusConflict, "stop", false},
+	kungfu.CodeLastManager:     {http.StatusConflict, "retry", false},
+	kungfu.CodeInvalidTarget:   {http.StatusUnprocessableEntity, "retry", false},
+	kungfu.CodeSummaryRequired: {http.StatusUnprocessableEntity, "revise", false},
+	kungfu.CodeSchemaMismatch:  {http.StatusUnprocessableEntity, "revise", false},
 
-	kungfu.CodeTaskNotFound:        {http.StatusNotFound, "stop"},
-	kungfu.CodeSubmissionNotFound:  {http.StatusNotFound, ""},
-	kungfu.CodeHarnessRefNotFound:  {http.StatusNotFound, ""},
-	kungfu.CodeTaskNotOpen:         {http.StatusConflict, "stop"},
-	kungfu.CodeSlotsExhausted:      {http.StatusConflict, "stop"},
-	kungfu.CodeSubmissionLimit:     {http.StatusConflict, "wait"},
-	kungfu.CodeClaimRequired:       {http.StatusConflict, "retry"},
-	kungfu.CodeClaimInvalid:        {http.StatusConflict, "retry"},
-	kungfu.CodeHasReservations:     {http.StatusConflict, ""},
-	kungfu.CodeNothingToRefund:     {http.StatusConflict, ""},
-	kungfu.CodeOwnTask:             {http.StatusForbidden, "stop"},
-	kungfu.CodeCredentialInPayload: {http.StatusUnprocessableEntity, "revise"},
-	kungfu.CodeInvalidRevises:      {http.StatusUnprocessableEntity, "revise"},
-	kungfu.CodeInvalidRequestKey:   {http.StatusUnprocessableEntity, "revise"},
+	kungfu.CodeTaskNotFound:        {http.StatusNotFound, "stop", false},
+	kungfu.CodeSubmissionNotFound:  {http.StatusNotFound, "", false},
+	kungfu.CodeHarnessRefNotFound:  {http.StatusNotFound, "", false},
+	kungfu.CodeTaskNotOpen:         {http.StatusConflict, "stop", false},
+	kungfu.CodeSlotsExhausted:      {http.StatusConflict, "stop", false},
+	kungfu.CodeSubmissionLimit:     {http.StatusConflict, "wait", false},
+	kungfu.CodeClaimRequired:       {http.StatusConflict, "retry", true},
+	kungfu.CodeClaimInvalid:        {http.StatusConflict, "retry", true},
+	kungfu.CodeHasReservations:     {http.StatusConflict, "", false},
+	kungfu.CodeNothingToRefund:     {http.StatusConflict, "", false},
+	kungfu.CodeOwnTask:             {http.StatusForbidden, "stop", false},
+	kungfu.CodeCredentialInPayload: {http.StatusUnprocessableEntity, "revise", false},
+	kungfu.CodeInvalidRevises:      {http.StatusUnprocessableEntity, "revise", false},
+	kungfu.CodeInvalidRequestKey:   {http.StatusUnprocessableEntity, "revise", false},
 }
 
 // statusOf returns the HTTP status for a refusal code.
@@ -135,6 +137,10 @@ func refusal(e *kungfu.Error) envelope {
 	if info.nextAction != "" {
 		na := info.nextAction
 		h.NextAction = &na
+	}
+	if info.retryNow && h.RetryAfter == nil {
+		zero := 0
+		h.RetryAfter = &zero
 	}
 	body, err := splice(h, nil)
 	if err != nil {

@@ -32,6 +32,9 @@ func DefaultLimits() map[string]Rule {
 		"thread_start":    {30, time.Hour},
 		"thread_read":     {600, time.Minute},
 		"notify_register": {5, time.Hour},
+		// Tasks.
+		"task_submit": {120, time.Minute},
+		"task_create": {20, time.Hour},
 	}
 }
 

@@ -134,6 +134,9 @@ func (s *Service) engagement(ctx context.Context, q querier, r row, who kungfu.C
 		id = n
 	}
 	c, err := activeClaim(ctx, q, r, who.AccountID, id)
+	if err == nil && !s.Now().Before(c.ExpiresAt) {
+		err = pgx.ErrNoRows // expired, whether or not the sweep has run yet
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		if claimID != "" {
 			return version{}, nil, nil, kungfu.Errorf(kungfu.CodeClaimInvalid, "claim %s is not an active claim of yours on this task", claimID)

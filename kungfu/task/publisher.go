@@ -281,7 +281,7 @@ func (s *Service) SetStatus(ctx context.Context, who kungfu.Caller, code, to str
 		}
 		now := s.Now()
 		if _, err := tx.Exec(ctx, `UPDATE tasks SET status = $2, paused_reason = NULL, updated_at = $3,
-			closed_at = CASE WHEN $2 = 'closed' THEN $3 END WHERE id = $1`, r.ID, to, now); err != nil {
+			closed_at = CASE WHEN $2::text = 'closed' THEN $3::timestamptz END WHERE id = $1`, r.ID, to, now); err != nil {
 			return err
 		}
 		r, err = load(ctx, tx, who, r.Code, false)

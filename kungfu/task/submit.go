@@ -100,13 +100,20 @@ func (s *Service) ClaimTask(ctx context.Context, who kungfu.Caller, code string)
 		if r.PublisherID == who.AccountID {
 			return kungfu.Errorf(kungfu.CodeOwnTask, "you published task %s", r.Code)
 		}
+		now := s.Now()
 		if c, err := activeClaim(ctx, tx, r, who.AccountID, 0); err == nil {
-			out = c
-			return nil
+			if now.Before(c.ExpiresAt) {
+				out = c
+				return nil
+			}
+			// Expired but not yet swept: end it here, then claim afresh.
+			if err := endClaim(ctx, tx, r.ID, c, "expired", now); err != nil {
+				return err
+			}
+			r.Reserved -= c.Amount
 		} else if !errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
-		now := s.Now()
 		if r.Status != "open" {
 			return notOpen(r)
 		}
@@ -556,7 +563,9 @@ func pointer(loc []string) string {
 // alike whatever their key order.
 func canonicalJSON(raw []byte) []byte {
 	var v any
-	if json.Unmarshal(raw, &v) != nil {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber() // numbers compare as written, not as float64
+	if dec.Decode(&v) != nil {
 		return raw
 	}
 	b, _ := json.Marshal(v)
