@@ -50,6 +50,15 @@ func (s *Service) view(ctx context.Context, q querier, r row) (View, error) {
 		Available: r.available(), Slots: r.slots(), Stats: st, CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC()}, err
 }
 
+// reload reads a task again inside the transaction that changed it.
+func (s *Service) reload(ctx context.Context, tx pgx.Tx, who kungfu.Caller, code string) (View, error) {
+	r, err := load(ctx, tx, who, code, false)
+	if err != nil {
+		return View{}, err
+	}
+	return s.view(ctx, tx, r)
+}
+
 func stats(ctx context.Context, q querier, taskID int64, now time.Time, publisher bool) (Stats, error) {
 	var (
 		st                        Stats
@@ -190,11 +199,7 @@ func (s *Service) Create(ctx context.Context, who kungfu.Caller, c Contract, bud
 			Amount: -budget, RefType: "task", RefID: code}); err != nil {
 			return err
 		}
-		r, err := load(ctx, tx, who, code, false)
-		if err != nil {
-			return err
-		}
-		out, err = s.view(ctx, tx, r)
+		out, err = s.reload(ctx, tx, who, code)
 		return err
 	})
 	return out, wrap("task_create", err)
@@ -226,11 +231,7 @@ func (s *Service) Update(ctx context.Context, who kungfu.Caller, code string, c 
 		if _, err := tx.Exec(ctx, `UPDATE tasks SET version = version + 1, updated_at = $2 WHERE id = $1`, r.ID, now); err != nil {
 			return err
 		}
-		r, err = load(ctx, tx, who, r.Code, false)
-		if err != nil {
-			return err
-		}
-		out, err = s.view(ctx, tx, r)
+		out, err = s.reload(ctx, tx, who, r.Code)
 		return err
 	})
 	return out, wrap("task_update", err)
@@ -284,11 +285,7 @@ func (s *Service) SetStatus(ctx context.Context, who kungfu.Caller, code, to str
 			closed_at = CASE WHEN $2::text = 'closed' THEN $3::timestamptz END WHERE id = $1`, r.ID, to, now); err != nil {
 			return err
 		}
-		r, err = load(ctx, tx, who, r.Code, false)
-		if err != nil {
-			return err
-		}
-		out, err = s.view(ctx, tx, r)
+		out, err = s.reload(ctx, tx, who, r.Code)
 		return err
 	})
 	return out, wrap("task_status", err)
@@ -319,11 +316,7 @@ func (s *Service) Fund(ctx context.Context, who kungfu.Caller, code string, amou
 		if _, err := tx.Exec(ctx, `UPDATE tasks SET budget_locked = budget_locked + $2, updated_at = $3 WHERE id = $1`, r.ID, amount, now); err != nil {
 			return err
 		}
-		r, err = load(ctx, tx, who, r.Code, false)
-		if err != nil {
-			return err
-		}
-		out, err = s.view(ctx, tx, r)
+		out, err = s.reload(ctx, tx, who, r.Code)
 		return err
 	})
 	return out, wrap("task_fund", err)
@@ -360,11 +353,7 @@ func (s *Service) Refund(ctx context.Context, who kungfu.Caller, code string) (R
 			Amount: amount, RefType: "task", RefID: r.Code}); err != nil {
 			return err
 		}
-		r, err = load(ctx, tx, who, r.Code, false)
-		if err != nil {
-			return err
-		}
-		out.View, err = s.view(ctx, tx, r)
+		out.View, err = s.reload(ctx, tx, who, r.Code)
 		out.Amount = amount
 		return err
 	})

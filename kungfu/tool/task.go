@@ -3,7 +3,6 @@ package tool
 import (
 	"context"
 	"encoding/json"
-	"strconv"
 
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/task"
@@ -33,25 +32,6 @@ const contractSchema = `{"type":"object","properties":{
 	"required":["title","requirements","receiver","price"],"additionalProperties":false}`
 
 const codeProp = `"code":{"type":"string","description":"the task's 12-hex code"}`
-
-// id accepts a numeric id given as a string or an integer.
-type id string
-
-func (x *id) UnmarshalJSON(b []byte) error {
-	var s string
-	if json.Unmarshal(b, &s) == nil {
-		*x = id(s)
-		return nil
-	}
-	var n int64
-	if err := json.Unmarshal(b, &n); err != nil {
-		return err
-	}
-	*x = id(strconv.FormatInt(n, 10))
-	return nil
-}
-
-const idSchema = `{"type":["string","integer"]}`
 
 type createIn struct {
 	Contract task.Contract `json:"contract"`
@@ -99,23 +79,23 @@ type workListIn struct {
 type harnessIn struct {
 	Code    string `json:"code"`
 	RefID   string `json:"ref_id"`
-	ClaimID id     `json:"claim_id"`
+	ClaimID ref    `json:"claim_id"`
 }
 
 type claimIn struct {
-	ClaimID id `json:"claim_id"`
+	ClaimID ref `json:"claim_id"`
 }
 
 type submitIn struct {
 	Code       string          `json:"code"`
 	RequestKey string          `json:"request_key"`
 	Payload    json.RawMessage `json:"payload"`
-	ClaimID    id              `json:"claim_id"`
-	Revises    id              `json:"revises"`
+	ClaimID    ref             `json:"claim_id"`
+	Revises    ref             `json:"revises"`
 }
 
 type statusIn struct {
-	SubmissionID id `json:"submission_id"`
+	SubmissionID ref `json:"submission_id"`
 }
 
 type historyIn struct {
@@ -217,7 +197,7 @@ func workTools(s Services) []*Tool {
 		`{"type":"object","properties":{`+codeProp+`,
 			"request_key":{"type":"string","description":"your idempotency key, 1-128 of A-Z a-z 0-9 . _ ~ -"},
 			"payload":{"type":"object","description":"the result, at most 512 KB, checked against output.schema"},
-			"claim_id":`+idSchema+`,"revises":`+idSchema+`},
+			"claim_id":`+refSchema+`,"revises":`+refSchema+`},
 			"required":["code","request_key","payload"],"additionalProperties":false}`,
 		Decode(func(ctx context.Context, who kungfu.Caller, in submitIn) (any, error) {
 			return t.Submit(ctx, who, task.SubmitInput{Code: in.Code, RequestKey: in.RequestKey, Payload: in.Payload,
@@ -244,7 +224,7 @@ func workTools(s Services) []*Tool {
 				return t.Package(ctx, who, in.Code)
 			})),
 		work("work_harness", "One harness memory by ref_id: your claim's pinned revision while engaged, else its current content.",
-			`{"type":"object","properties":{`+codeProp+`,"ref_id":{"type":"string"},"claim_id":`+idSchema+`},"required":["code","ref_id"],"additionalProperties":false}`,
+			`{"type":"object","properties":{`+codeProp+`,"ref_id":{"type":"string"},"claim_id":`+refSchema+`},"required":["code","ref_id"],"additionalProperties":false}`,
 			Decode(func(ctx context.Context, who kungfu.Caller, in harnessIn) (any, error) {
 				return t.HarnessRead(ctx, who, in.Code, in.RefID, string(in.ClaimID))
 			})),
@@ -254,18 +234,18 @@ func workTools(s Services) []*Tool {
 				return t.ClaimTask(ctx, who, in.Code)
 			})),
 		work("work_claim_renew", "Extend an active claim's expires_at, up to its deadline, while the task is open.",
-			`{"type":"object","properties":{"claim_id":`+idSchema+`},"required":["claim_id"],"additionalProperties":false}`,
+			`{"type":"object","properties":{"claim_id":`+refSchema+`},"required":["claim_id"],"additionalProperties":false}`,
 			Decode(func(ctx context.Context, who kungfu.Caller, in claimIn) (any, error) {
 				return t.Renew(ctx, who, string(in.ClaimID))
 			})),
 		work("work_release", "Give back an active claim's reservation.",
-			`{"type":"object","properties":{"claim_id":`+idSchema+`},"required":["claim_id"],"additionalProperties":false}`,
+			`{"type":"object","properties":{"claim_id":`+refSchema+`},"required":["claim_id"],"additionalProperties":false}`,
 			Decode(func(ctx context.Context, who kungfu.Caller, in claimIn) (any, error) {
 				return t.Release(ctx, who, string(in.ClaimID))
 			})),
 		submit,
 		work("work_status", "One of your submissions: state, reply and its event history.",
-			`{"type":"object","properties":{"submission_id":`+idSchema+`},"required":["submission_id"],"additionalProperties":false}`,
+			`{"type":"object","properties":{"submission_id":`+refSchema+`},"required":["submission_id"],"additionalProperties":false}`,
 			Decode(func(ctx context.Context, who kungfu.Caller, in statusIn) (any, error) {
 				return t.Status(ctx, who, string(in.SubmissionID))
 			})),

@@ -67,7 +67,8 @@ func canonical(v map[string]json.RawMessage) ([]byte, error) {
 	return json.Marshal(generic)
 }
 
-// ref accepts an account given as a name or a numeric id.
+// ref accepts a reference given as a string or an integer: an account
+// (name or id), a claim or a submission id.
 type ref string
 
 func (r *ref) UnmarshalJSON(b []byte) error {
