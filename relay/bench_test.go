@@ -213,8 +213,9 @@ func BenchmarkTodoList(b *testing.B) {
 
 // BenchmarkWorkSubmit is work_submit → settled end to end: intake
 // transaction, synchronous POST to a loopback receiver that accepts, and the
-// settle transaction that pays the executor. 16 executors submit claim-less
-// to one open task with budget for every submission.
+// settle transaction that pays the executor; 16 executors submit claim-less.
+// one-task: all to one task, whose row lock serializes intake and settle
+// (that lock is what keeps its money exact); own-tasks: one task each.
 func BenchmarkWorkSubmit(b *testing.B) {
 	d := start(b, withSweep(5*time.Second))
 	j := newJudge(b, 200, `{"accepted":true}`)
@@ -224,26 +225,36 @@ func BenchmarkWorkSubmit(b *testing.B) {
 		k, _ := d.register(b)
 		execs = append(execs, k)
 	}
-	// Fund the publisher beyond the signup grant with direct ledger moves.
-	if _, err := d.App.DB.Exec(context.Background(), `WITH a AS (SELECT id FROM accounts WHERE balance = 66 ORDER BY id LIMIT 1)
-		UPDATE accounts SET balance = balance + 1000000 WHERE id = (SELECT id FROM a)`); err != nil {
+	// Fund the publisher beyond the signup grant, through the ledger.
+	ctx := context.Background()
+	if _, err := d.App.DB.Exec(ctx, `UPDATE accounts SET balance = balance + 10000000 WHERE id = (SELECT min(id) FROM accounts)`); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := d.App.DB.Exec(context.Background(), `INSERT INTO ledger (account_id, type, amount, balance_after, created_at)
-		SELECT id, 'grant_payment', 1000000, balance, now() FROM accounts WHERE balance > 1000000`); err != nil {
+	if _, err := d.App.DB.Exec(ctx, `INSERT INTO ledger (account_id, type, amount, balance_after, created_at)
+		SELECT id, 'grant_payment', 10000000, balance, now() FROM accounts WHERE id = (SELECT min(id) FROM accounts)`); err != nil {
 		b.Fatal(err)
 	}
-	code := newTask(b, d, pub, j.srv.URL, 1, 1000000, nil)
-	var n atomic.Int64
-	load(b, 16, func(i int) error {
-		key := execs[n.Add(1)%16]
-		body := []byte(fmt.Sprintf(`{"code":"%s","request_key":"r%d","payload":{"n":%d}}`, code, i, i))
-		return benchCall(d.URL+"/api/v1/work_submit", key, body)
-	})
-	b.StopTimer()
-	var settled int
-	_ = d.App.DB.QueryRow(context.Background(), `SELECT count(*) FROM submissions WHERE state = 'settled'`).Scan(&settled)
-	if settled < b.N {
-		b.Fatalf("%d of %d submissions settled", settled, b.N)
+	one := newTask(b, d, pub, j.srv.URL, 1, 1000000, nil)
+	var own []string
+	for range 16 {
+		own = append(own, newTask(b, d, pub, j.srv.URL, 1, 100000, nil))
+	}
+	for _, c := range []struct {
+		name  string
+		tasks func(i int64) string
+	}{{"one-task/c=16", func(int64) string { return one }}, {"own-tasks/c=16", func(i int64) string { return own[i%16] }}} {
+		b.Run(c.name, func(b *testing.B) {
+			var n atomic.Int64
+			load(b, 16, func(i int) error {
+				k := n.Add(1)
+				body := []byte(fmt.Sprintf(`{"code":"%s","request_key":"%s-%d","payload":{"n":%d}}`, c.tasks(k), c.name[:3], i, i))
+				return benchCall(d.URL+"/api/v1/work_submit", execs[k%16], body)
+			})
+		})
+	}
+	var unsettled int
+	_ = d.App.DB.QueryRow(ctx, `SELECT count(*) FROM submissions WHERE state <> 'settled'`).Scan(&unsettled)
+	if unsettled > 0 {
+		b.Fatalf("%d submissions did not settle", unsettled)
 	}
 }
