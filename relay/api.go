@@ -3,9 +3,7 @@ package relay
 import (
 	"bytes"
 	"encoding/json"
-	"io"
 	"net/http"
-	"net/url"
 	"strconv"
 
 	"github.com/gorilla/mux"
@@ -24,7 +22,8 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 		writeEnvelope(w, env)
 		return
 	}
-	if _, ok := s.tools.Lookup(name); !ok {
+	t, ok := s.tools.Lookup(name)
+	if !ok {
 		writeEnvelope(w, refusal(kungfu.Errorf(kungfu.CodeUnknownTool, "no tool named %q; tools/list on /mcp lists them", name)))
 		return
 	}
@@ -34,7 +33,7 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 		writeEnvelope(w, refusal(bodyErr))
 		return
 	}
-	if t, _ := s.tools.Lookup(name); authErr != nil && !t.Public {
+	if authErr != nil && !t.Public {
 		writeEnvelope(w, s.fail(r.Context(), name, authErr))
 		return
 	}
@@ -49,8 +48,4 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 	writeEnvelope(w, s.call(kungfu.WithCaller(r.Context(), who), who, name, body))
 }
 
-func readAll(r io.Reader) ([]byte, error) { return io.ReadAll(r) }
-
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
-
-func parseForm(body []byte) (url.Values, error) { return url.ParseQuery(string(body)) }

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"mime"
 	"net/http"
+	"net/url"
 	"path"
 	"strings"
 	"time"
@@ -165,7 +166,7 @@ func (s *Server) serveOwnerKey(w http.ResponseWriter, r *http.Request) {
 	}
 	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct == "application/x-www-form-urlencoded" {
 		r.Body = http.NoBody
-		vals, err := parseForm(body)
+		vals, err := url.ParseQuery(string(body))
 		if err != nil {
 			writeEnvelope(w, refusal(kungfu.Invalid(kungfu.FieldError{Message: "malformed form"})))
 			return

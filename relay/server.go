@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -213,7 +214,7 @@ func writeEnvelope(w http.ResponseWriter, env envelope) {
 
 // readBody reads at most limit bytes; a larger body is PAYLOAD_TOO_LARGE.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, *kungfu.Error) {
-	body, err := readAll(http.MaxBytesReader(w, r.Body, limit))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	var tooBig *http.MaxBytesError
 	if errors.As(err, &tooBig) {
 		return nil, kungfu.Errorf(kungfu.CodePayloadTooLarge, "request body is larger than %d bytes", limit)
