@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/dojo-relay/dojo/relay"
 )
 
 type bearer struct{ key string }
@@ -151,4 +153,30 @@ func TestMCPRawHTTP(t *testing.T) {
 	}
 	big := append([]byte(`{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":"`), []byte(strings.Repeat("a", 1<<20))...)
 	expect(t, post(t, d.URL+"/mcp", key, append(big, []byte(`"}}`)...), accept...), 413, "PAYLOAD_TOO_LARGE")
+}
+
+// Behind a reverse proxy on the same machine, /mcp answers requests whose
+// Host is the public name; a local-only Dojo still refuses them.
+func TestMCPBehindProxy(t *testing.T) {
+	t.Parallel()
+	init := []byte(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"proxy","version":"1"}}}`)
+	send := func(d *dojo) int {
+		req, _ := http.NewRequest(http.MethodPost, d.URL+"/mcp", strings.NewReader(string(init)))
+		req.Host = "dojo.example.org"
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := send(start(t)); code != http.StatusForbidden {
+		t.Fatalf("local-only Dojo answered a foreign Host with %d, want 403", code)
+	}
+	public := start(t, func(o *relay.Options) { o.PublicURL = "https://dojo.example.org" })
+	if code := send(public); code != http.StatusOK {
+		t.Fatalf("Dojo behind a proxy answered %d, want 200", code)
+	}
 }
