@@ -11,10 +11,9 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/santhosh-tekuri/jsonschema/v6"
-
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/credential"
+	"github.com/dojo-relay/dojo/kungfu/schema"
 )
 
 // Limits from the protocol.
@@ -104,7 +103,7 @@ func (c *Contract) normalize(allowHTTP func(netip.Addr) bool) error {
 	if c.Output != nil && len(bytes.TrimSpace(c.Output.Schema)) > 0 && string(bytes.TrimSpace(c.Output.Schema)) != "null" {
 		if len(c.Output.Schema) > MaxSchema {
 			bad("contract.output.schema", "larger than %d bytes", MaxSchema)
-		} else if _, err := CompileSchema(c.Output.Schema); err != nil {
+		} else if _, err := schema.Compile(c.Output.Schema); err != nil {
 			bad("contract.output.schema", "%v", err)
 		}
 	} else {
@@ -193,29 +192,4 @@ func checkReceiver(raw string, allowHTTP func(netip.Addr) bool) error {
 		return errors.New("must be https (plain http only for addresses in DOJO_ALLOW_TARGETS)")
 	}
 	return errors.New("must be https")
-}
-
-// CompileSchema compiles a JSON Schema (draft 2020-12 unless it says
-// otherwise) with no loader at all: a publisher's schema never makes Dojo
-// read a file or fetch a URL.
-func CompileSchema(raw []byte) (*jsonschema.Schema, error) {
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
-	if err != nil {
-		return nil, errors.New("not JSON")
-	}
-	if _, ok := doc.(map[string]any); !ok {
-		return nil, errors.New("must be a JSON Schema object")
-	}
-	c := jsonschema.NewCompiler()
-	c.DefaultDraft(jsonschema.Draft2020)
-	c.UseLoader(jsonschema.SchemeURLLoader{})
-	if err := c.AddResource("dojo:task-output", doc); err != nil {
-		return nil, err
-	}
-	sch, err := c.Compile("dojo:task-output")
-	var load *jsonschema.LoadURLError
-	if errors.As(err, &load) {
-		return nil, errors.New("external $ref is not allowed; inline every definition")
-	}
-	return sch, err
 }

@@ -15,12 +15,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/santhosh-tekuri/jsonschema/v6"
-	"golang.org/x/text/language"
-	"golang.org/x/text/message"
 
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/credential"
 	"github.com/dojo-relay/dojo/kungfu/credits"
+	"github.com/dojo-relay/dojo/kungfu/schema"
 )
 
 var requestKeyRE = regexp.MustCompile(`^[A-Za-z0-9._~-]{1,128}$`)
@@ -341,8 +340,6 @@ func (s *Service) advise(ctx context.Context, res *Result, r row, who kungfu.Cal
 	}
 }
 
-var printer = message.NewPrinter(language.English)
-
 // Submit takes a submission in, reserving its amount, then delivers it to
 // the receiver synchronously and records the outcome. A crash between the
 // two leaves it delivering, which the recovery sweep turns into uncertain
@@ -513,12 +510,12 @@ func checkPayload(raw json.RawMessage, v version) ([]byte, error) {
 			WithDetails(map[string]any{"errors": []map[string]string{{"pointer": "", "message": "not a JSON object"}}})
 	}
 	if len(v.Schema) > 0 {
-		sch, err := CompileSchema(v.Schema)
+		sch, err := schema.Compile(v.Schema)
 		if err != nil {
 			return nil, err
 		}
 		if err := sch.Validate(inst); err != nil {
-			return nil, mismatch(err)
+			return nil, schema.Mismatch(err, "the payload does not match the task's output.schema")
 		}
 	}
 	if ptr, kind := credential.FindIn(inst); kind != "" {
@@ -526,37 +523,6 @@ func checkPayload(raw json.RawMessage, v version) ([]byte, error) {
 			WithDetails(map[string]any{"pointer": ptr})
 	}
 	return raw, nil
-}
-
-func mismatch(err error) error {
-	type problem struct {
-		Pointer string `json:"pointer"`
-		Message string `json:"message"`
-	}
-	var out []problem
-	var verr *jsonschema.ValidationError
-	if errors.As(err, &verr) {
-		var walk func(e *jsonschema.ValidationError)
-		walk = func(e *jsonschema.ValidationError) {
-			if len(e.Causes) == 0 {
-				out = append(out, problem{Pointer: pointer(e.InstanceLocation), Message: e.ErrorKind.LocalizedString(printer)})
-			}
-			for _, c := range e.Causes {
-				walk(c)
-			}
-		}
-		walk(verr)
-	}
-	return kungfu.Errorf(kungfu.CodeSchemaMismatch, "the payload does not match the task's output.schema").
-		WithDetails(map[string]any{"errors": out})
-}
-
-func pointer(loc []string) string {
-	var b strings.Builder
-	for _, p := range loc {
-		b.WriteString("/" + strings.ReplaceAll(strings.ReplaceAll(p, "~", "~0"), "/", "~1"))
-	}
-	return b.String()
 }
 
 // canonicalJSON re-encodes JSON with sorted keys so equal payloads hash

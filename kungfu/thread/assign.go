@@ -12,12 +12,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/santhosh-tekuri/jsonschema/v6"
-	"golang.org/x/text/language"
-	"golang.org/x/text/message"
 
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/credential"
 	"github.com/dojo-relay/dojo/kungfu/memory"
+	"github.com/dojo-relay/dojo/kungfu/schema"
 )
 
 type assignSpec struct {
@@ -47,7 +46,7 @@ func checkAssign(in AssignInput) (*assignSpec, error) {
 		return nil, err
 	}
 	if s := bytes.TrimSpace(in.OutputSchema); len(s) > 0 && string(s) != "null" {
-		if _, err := compileSchema(s); err != nil {
+		if _, err := schema.Compile(s); err != nil {
 			return nil, kungfu.Invalid(kungfu.FieldError{Field: "assign.output_schema", Message: err.Error()})
 		}
 		spec.schema = s
@@ -63,33 +62,6 @@ func due(field string, s int) (int, error) {
 		return 0, kungfu.Invalid(kungfu.FieldError{Field: field, Message: fmt.Sprintf("seconds between %d and %d", MinDue, MaxDue)})
 	}
 	return s, nil
-}
-
-func compileSchema(raw []byte) (*jsonschema.Schema, error) {
-	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
-	if err != nil {
-		return nil, fmt.Errorf("not JSON: %w", err)
-	}
-	if _, ok := doc.(map[string]any); !ok {
-		return nil, errors.New("must be a JSON Schema object")
-	}
-	c := jsonschema.NewCompiler()
-	c.DefaultDraft(jsonschema.Draft2020)
-	// A user's schema must never make Dojo read a file or fetch a URL: no
-	// loader at all, so every external $ref fails with one fixed message.
-	c.UseLoader(jsonschema.SchemeURLLoader{})
-	if err := c.AddResource("dojo:assign-output", doc); err != nil {
-		return nil, err
-	}
-	sch, err := c.Compile("dojo:assign-output")
-	if err != nil {
-		var load *jsonschema.LoadURLError
-		if errors.As(err, &load) {
-			return nil, errors.New("external $ref is not allowed; inline every definition")
-		}
-		return nil, err
-	}
-	return sch, nil
 }
 
 // assignment is a locked assignment row with its room.
@@ -289,12 +261,12 @@ func (w *write) deliver(ctx context.Context, a *assignment, d Delivery) (AssignR
 				WithDetails(map[string]any{"pointer": ptr})
 		}
 		if len(a.Schema) > 0 {
-			sch, err := compileSchema(a.Schema)
+			sch, err := schema.Compile(a.Schema)
 			if err != nil {
 				return AssignResult{}, err
 			}
 			if err := sch.Validate(inst); err != nil {
-				return AssignResult{}, schemaMismatch(err)
+				return AssignResult{}, schema.Mismatch(err, "the payload does not match the assignment's output_schema")
 			}
 		}
 		payload = p
@@ -327,38 +299,6 @@ func nullable(b []byte) any {
 		return nil
 	}
 	return b
-}
-
-var printer = message.NewPrinter(language.English)
-
-func schemaMismatch(err error) error {
-	type problem struct {
-		Pointer string `json:"pointer"`
-		Message string `json:"message"`
-	}
-	var out []problem
-	var verr *jsonschema.ValidationError
-	if errors.As(err, &verr) {
-		var walk func(e *jsonschema.ValidationError)
-		walk = func(e *jsonschema.ValidationError) {
-			if len(e.Causes) == 0 {
-				ptr := ""
-				for _, p := range e.InstanceLocation {
-					ptr += "/" + p
-				}
-				out = append(out, problem{Pointer: ptr, Message: e.ErrorKind.LocalizedString(printer)})
-			}
-			for _, c := range e.Causes {
-				walk(c)
-			}
-		}
-		walk(verr)
-	}
-	if len(out) == 0 {
-		out = append(out, problem{Message: err.Error()})
-	}
-	return kungfu.Errorf(kungfu.CodeSchemaMismatch, "the payload does not match the assignment's output_schema").
-		WithDetails(map[string]any{"errors": out})
 }
 
 // pins resolves [{name, code}] (an array, or a JSON string holding one) to

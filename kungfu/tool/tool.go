@@ -10,10 +10,9 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
-	"golang.org/x/text/language"
-	"golang.org/x/text/message"
 
 	"github.com/dojo-relay/dojo/kungfu"
+	"github.com/dojo-relay/dojo/kungfu/schema"
 )
 
 // Handler runs one tool for the caller with arguments that already passed
@@ -86,8 +85,6 @@ func (r *Registry) Lookup(name string) (*Tool, bool) {
 // Tools returns the tools in definition order.
 func (r *Registry) Tools() []*Tool { return slices.Clone(r.tools) }
 
-var printer = message.NewPrinter(language.English)
-
 // Validate checks raw arguments against the tool's schema. Absent arguments
 // are an empty object. A missing required argument is MISSING_FIELD; any
 // other mismatch, an unknown argument included, is VALIDATION_FAILED naming
@@ -138,7 +135,7 @@ func (t *Tool) Validate(args json.RawMessage) error {
 				missing = append(missing, join(at, p))
 			}
 		default:
-			fields = append(fields, kungfu.FieldError{Field: at, Message: e.ErrorKind.LocalizedString(printer)})
+			fields = append(fields, kungfu.FieldError{Field: at, Message: e.ErrorKind.LocalizedString(schema.Printer)})
 		}
 	}
 	walk(verr)
