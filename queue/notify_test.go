@@ -104,12 +104,7 @@ func newStack(t *testing.T, status int, sweep time.Duration) *stack {
 		t.Fatal("Register did not set the engine")
 	}
 
-	var id int64
-	if err := db.QueryRow(context.Background(),
-		`INSERT INTO accounts (name, password_hash, created_at, updated_at) VALUES ('notify_push', 'x', now(), now()) RETURNING id`).Scan(&id); err != nil {
-		t.Fatal(err)
-	}
-	who := kungfu.Caller{AccountID: id, Name: "notify_push"}
+	who := kungfutest.Account(t, db, "notify_push")
 	reg, err := svc.Register(context.Background(), who, ep.URL+"/kungfu")
 	if err != nil {
 		t.Fatal(err)

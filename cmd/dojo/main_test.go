@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"io/fs"
@@ -162,22 +161,13 @@ func startServe(t *testing.T, env map[string]string) *server {
 	return nil
 }
 
+// call invokes a tool over HTTP JSON; the envelope gains http_status.
 func call(t *testing.T, base, key, tool string, args any) map[string]any {
 	t.Helper()
-	b, _ := json.Marshal(args)
-	req, _ := http.NewRequest(http.MethodPost, base+"/api/v1/"+tool, bytes.NewReader(b))
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
-	}
-	resp, err := http.DefaultClient.Do(req)
+	env, err := tryCall(base, key, tool, args)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	var env map[string]any
-	_ = json.NewDecoder(resp.Body).Decode(&env)
-	env["http_status"] = float64(resp.StatusCode)
 	return env
 }
 

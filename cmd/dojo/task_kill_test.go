@@ -68,7 +68,9 @@ func tryCall(base, key, tool string, args any) (map[string]any, error) {
 	b, _ := json.Marshal(args)
 	req, _ := http.NewRequest(http.MethodPost, base+"/api/v1/"+tool, bytes.NewReader(b))
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+key)
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
 	resp, err := (&http.Client{Timeout: time.Minute}).Do(req)
 	if err != nil {
 		return nil, err
@@ -78,6 +80,7 @@ func tryCall(base, key, tool string, args any) (map[string]any, error) {
 	if err := json.NewDecoder(resp.Body).Decode(&env); err != nil {
 		return nil, err
 	}
+	env["http_status"] = float64(resp.StatusCode)
 	return env, nil
 }
 

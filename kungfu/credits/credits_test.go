@@ -16,12 +16,7 @@ import (
 
 func account(t *testing.T, db *pgxpool.Pool, name string) int64 {
 	t.Helper()
-	var id int64
-	if err := db.QueryRow(context.Background(),
-		`INSERT INTO accounts (name, password_hash, created_at, updated_at) VALUES ($1, 'x', now(), now()) RETURNING id`, name).Scan(&id); err != nil {
-		t.Fatal(err)
-	}
-	return id
+	return kungfutest.Account(t, db, name).AccountID
 }
 
 func move(db *pgxpool.Pool, m credits.Movement) (int64, error) {

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/migrations"
 )
 
@@ -203,4 +204,18 @@ func Queue(t testing.TB) string {
 		rdb.SRem(ctx, "asynq:queues", name)
 	})
 	return name
+}
+
+// Account inserts a bare active account for domain tests that need an id
+// but not the registration path; it holds no key and no credits.
+func Account(t testing.TB, db interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}, name string) kungfu.Caller {
+	t.Helper()
+	var id int64
+	if err := db.QueryRow(context.Background(),
+		`INSERT INTO accounts (name, password_hash, created_at, updated_at) VALUES ($1, 'x', now(), now()) RETURNING id`, name).Scan(&id); err != nil {
+		t.Fatalf("kungfutest: account %s: %v", name, err)
+	}
+	return kungfu.Caller{AccountID: id, Name: name}
 }

@@ -101,12 +101,7 @@ func setup(t *testing.T) *fixture {
 
 func (f *fixture) account(t *testing.T, name string) kungfu.Caller {
 	t.Helper()
-	var id int64
-	if err := f.db.QueryRow(context.Background(),
-		`INSERT INTO accounts (name, password_hash, created_at, updated_at) VALUES ($1, 'x', now(), now()) RETURNING id`, name).Scan(&id); err != nil {
-		t.Fatal(err)
-	}
-	return kungfu.Caller{AccountID: id, Name: name}
+	return kungfutest.Account(t, f.db, name)
 }
 
 func (f *fixture) emit(t *testing.T, accountID int64, kind string) (int64, bool) {
