@@ -43,7 +43,10 @@ type FieldError struct {
 // Invalid is VALIDATION_FAILED with details.errors listing each field.
 func Invalid(errs ...FieldError) *Error {
 	msg := "invalid arguments"
-	if len(errs) > 0 {
+	switch {
+	case len(errs) > 0 && errs[0].Field == "":
+		msg = errs[0].Message
+	case len(errs) > 0:
 		msg = errs[0].Field + ": " + errs[0].Message
 	}
 	return &Error{Code: CodeValidationFailed, Message: msg, Details: map[string]any{"errors": errs}}
@@ -80,6 +83,11 @@ const (
 	CodeInvalidRequest      = "INVALID_REQUEST"
 	CodeRateLimit           = "RATE_LIMIT"
 	CodeInternal            = "INTERNAL_ERROR"
+	// A dependency (Redis) is down: nothing was done; retry after a while.
+	CodeServiceUnavailable = "SERVICE_UNAVAILABLE"
+	// Transport refusals: a browser from another origin, a body that is not JSON.
+	CodeForbiddenOrigin      = "FORBIDDEN_ORIGIN"
+	CodeUnsupportedMediaType = "UNSUPPORTED_MEDIA_TYPE"
 
 	// Rooms and assignments.
 	CodeThreadNotFound  = "THREAD_NOT_FOUND"

@@ -7,7 +7,8 @@ import (
 	"fmt"
 	"io/fs"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver goose runs on
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 )
@@ -22,12 +23,15 @@ func provider(db *sql.DB) (*goose.Provider, error) {
 	return goose.NewProvider(goose.DialectPostgres, db, files)
 }
 
+// open reads dsn the way the server's pool does, so pool settings such as
+// pool_max_conns stay settings of Dojo's and never reach PostgreSQL as
+// unknown run-time parameters.
 func open(dsn string) (*sql.DB, error) {
-	db, err := sql.Open("pgx", dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("open database: %w", err)
+		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
-	return db, nil
+	return stdlib.OpenDB(*cfg.ConnConfig), nil
 }
 
 // Up applies every pending migration and returns how many ran. Running it

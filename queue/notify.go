@@ -33,7 +33,18 @@ type Notifier struct {
 	Log  *slog.Logger
 	// Sweep is how often due rows are re-enqueued; zero means 5 s.
 	Sweep time.Duration
+	// Timeout bounds one push (default RequestTimeout, 10 s).
+	Timeout time.Duration
+	// Hosts paces pushes per endpoint host; Register sets the engine's.
+	// Nil pushes without turns.
+	Hosts *Hosts
 }
+
+// holdMargin is how much longer a turn's lease lasts than the request it
+// covers, so it never expires while the request still runs.
+const holdMargin = 5 * time.Second
+
+func (n *Notifier) timeout() time.Duration { return orDefault(n.Timeout, RequestTimeout) }
 
 // Verify POSTs a verification probe and returns the reply (at most 64 KB).
 // The probe is signed like a push, so an endpoint that insists on a valid
@@ -62,7 +73,8 @@ func (n *Notifier) post(ctx context.Context, url, webhookID string, body []byte,
 
 // Push is the handler of TaskNotify: one try of outbox row id. PostgreSQL
 // counts the tries, so a push is tried at most notify.MaxAttempts times
-// however often its task runs.
+// however often its task runs; a push deferred for want of a turn at its
+// host is not a try.
 func (n *Notifier) Push(ctx context.Context, id int64) error {
 	p, ok, err := n.Service.Load(ctx, id)
 	if err != nil {
@@ -71,10 +83,23 @@ func (n *Notifier) Push(ctx context.Context, id int64) error {
 	if !ok {
 		return nil
 	}
+	// A full or closed host defers the task before anything is counted:
+	// the try is made later, and a slow host holds at most its turns.
+	turn, err := n.Hosts.Take(ctx, p.URL, n.timeout()+holdMargin)
+	if _, later := deferred(err); later {
+		return fmt.Errorf("notify %d: %w", id, err)
+	}
+	if err != nil {
+		n.log().Warn("notify push without a host turn", "id", id, "err", err)
+	}
+	// The try's own deadline: Record below must still run after it.
+	pctx, cancel := context.WithTimeout(ctx, n.timeout())
+	defer cancel()
 	// One webhook-id per outbox row: every try of a push carries the same.
-	resp, err := n.post(ctx, p.URL, "notify_"+strconv.FormatInt(id, 10), p.Body, http.Header{
+	resp, err := n.post(pctx, p.URL, "notify_"+strconv.FormatInt(id, 10), p.Body, http.Header{
 		"X-Kungfu-Signature": {signing.KungfuSignature(p.Secret, p.Body)},
 	})
+	end := endingOf(resp, err)
 	status := 0
 	if err == nil {
 		status = resp.StatusCode
@@ -85,6 +110,7 @@ func (n *Notifier) Push(ctx context.Context, id int64) error {
 			err = fmt.Errorf("HTTP %d", status)
 		}
 	}
+	turn.Done(ctx, end)
 	giveUp, rerr := n.Service.Record(ctx, id, status, err == nil)
 	if rerr != nil {
 		// The try is not counted; the retry (or the sweep) will tell.
@@ -102,10 +128,14 @@ func (n *Notifier) Push(ctx context.Context, id int64) error {
 // Register wires notify pushes into e: the handler, a retry ladder
 // matching the one recorded in PostgreSQL, and the sweep that re-enqueues
 // due rows whose wake-up was lost. It also makes e the engine Enqueue uses
-// when Engine is unset.
+// when Engine is unset, and e's host turns the ones Push takes when Hosts
+// is unset.
 func (n *Notifier) Register(e *Engine) {
 	if n.Engine == nil {
 		n.Engine = e
+	}
+	if n.Hosts == nil {
+		n.Hosts = e.Hosts()
 	}
 	e.Handle(TaskNotify, n.Push)
 	// asynq counts retries from 0; after retry n, n+1 tries have failed.

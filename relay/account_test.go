@@ -35,7 +35,7 @@ func TestRegisterSuccess(t *testing.T) {
 	}
 
 	st := d.call(t, key, "account_status", map[string]any{})
-	if !st.ok() || st.num("balance") != 66 || st.str("bot_name") != "Rin.Agent-01" || st.str("status") != "active" || st.num("bot_id") != r.num("account_id") {
+	if !st.ok() || st.num("balance") != 66 || st.str("bot_name") != "Rin.Agent-01" || st.str("status") != "active" || st.num("bot_id") != r.num("bot_id") || r.num("bot_id") == 0 {
 		t.Fatalf("account_status: %s", st.Raw)
 	}
 	// The key is stored only as a hash, and the grant is one ledger row.

@@ -27,6 +27,14 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 		writeEnvelope(w, refusal(kungfu.Errorf(kungfu.CodeUnknownTool, "no tool named %q; tools/list on /mcp lists them", name)))
 		return
 	}
+	if e := s.guard.check(r); e != nil {
+		writeEnvelope(w, refusal(e))
+		return
+	}
+	if e := jsonBody(r); e != nil {
+		writeEnvelope(w, refusal(e))
+		return
+	}
 	who, authErr := s.authenticate(r)
 	body, bodyErr := readBody(w, r, maxAPIBody)
 	if bodyErr != nil {

@@ -7,13 +7,17 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -31,8 +35,10 @@ import (
 
 // Options configure one Dojo process.
 type Options struct {
-	DatabaseURL    string
-	RedisURL       string
+	DatabaseURL string
+	RedisURL    string
+	// RedisPrefix is an outer prefix of every Redis key; inside it each
+	// deployment (database) keeps its keys under its own id.
 	RedisPrefix    string
 	PublicURL      string
 	Limits         map[string]Rule
@@ -44,7 +50,9 @@ type Options struct {
 	AllowTargets []netip.Prefix
 	// RootCAs, when set, replaces the system roots for outbound TLS (tests).
 	RootCAs *x509.CertPool
-	// Queue names the asynq queue; processes sharing one serve each other.
+	// Queue is the base of the asynq queue names; the deployment id is
+	// appended, so the processes of one database serve each other and no
+	// other database's processes.
 	Queue string
 	// Sweep is how often PostgreSQL is swept for work Redis lost (default 5 s).
 	Sweep time.Duration
@@ -52,11 +60,21 @@ type Options struct {
 	NotifyBackoff func(attempts int) time.Duration
 	// LadderScale multiplies the receiver redelivery ladder (tests: 0.001).
 	LadderScale float64
-	// ReceiverTimeout bounds one receiver POST (default 10 s).
+	// ReceiverTimeout bounds one POST to a receiver or a notify endpoint
+	// (default 10 s).
 	ReceiverTimeout time.Duration
 	// DeliveryGrace is how long a submission may stay delivering before a
 	// crash is assumed (default 15 s; must exceed ReceiverTimeout).
 	DeliveryGrace time.Duration
+	// HostCooldown is how long a target host that keeps timing out is first
+	// left alone (default queue.DefaultCooldown; tests shorten it).
+	HostCooldown time.Duration
+	// DBMaxConns caps the PostgreSQL pool (DOJO_DB_MAX_CONNS); zero keeps
+	// pool_max_conns from DATABASE_URL, else DefaultDBMaxConns.
+	DBMaxConns int
+	// LoopbackUnlimited lifts per-address limits for loopback clients
+	// (`dojo dev` only).
+	LoopbackUnlimited bool
 	// BcryptCost is for tests; zero means bcrypt's default.
 	BcryptCost int
 	Clock      kungfu.Clock
@@ -70,9 +88,11 @@ type App struct {
 	Tasks   *task.Service
 	Notify  *notify.Service
 	Engine  *queue.Engine
-	DB      *pgxpool.Pool
-	Redis   *redis.Client
-	log     *slog.Logger
+	// Deployment is the id, stored in PostgreSQL, that namespaces Redis.
+	Deployment string
+	DB         *pgxpool.Pool
+	Redis      *redis.Client
+	log        *slog.Logger
 }
 
 // Open connects to PostgreSQL and Redis and wires the domains. It refuses,
@@ -101,13 +121,19 @@ func Open(ctx context.Context, o Options) (*App, error) {
 	if err != nil {
 		return nil, fmt.Errorf("DATABASE_URL: %w", err)
 	}
+	switch {
+	case o.DBMaxConns > 0:
+		pcfg.MaxConns = int32(min(o.DBMaxConns, math.MaxInt32))
+	case !strings.Contains(o.DatabaseURL, "pool_max_conns"):
+		pcfg.MaxConns = DefaultDBMaxConns()
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("postgres at %s:%d is unreachable: %w", pcfg.ConnConfig.Host, pcfg.ConnConfig.Port, err)
+		return nil, DatabaseError(o.DatabaseURL, err)
 	}
 	if n, err := migrations.Pending(pingCtx, o.DatabaseURL); err != nil || n > 0 {
 		pool.Close()
@@ -116,6 +142,14 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		}
 		return nil, fmt.Errorf("the database is not migrated (%d migrations pending): run `dojo migrate`", n)
 	}
+	dep, err := deployment(pingCtx, pool)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	// Every Redis name below comes from the deployment: a fresh database on
+	// a Redis that served another starts with empty windows and queues.
+	prefix := o.RedisPrefix + dep + ":"
 	ropt, err := redis.ParseURL(o.RedisURL)
 	if err != nil {
 		pool.Close()
@@ -128,7 +162,7 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		return nil, fmt.Errorf("redis at %s is unreachable: %w", ropt.Addr, err)
 	}
 
-	engine, err := queue.NewEngine(o.RedisURL, o.Queue, o.Log)
+	engine, err := queue.NewEngine(o.RedisURL, o.Queue+"-"+dep, o.Log)
 	if err != nil {
 		pool.Close()
 		_ = rdb.Close()
@@ -136,7 +170,7 @@ func Open(ctx context.Context, o Options) (*App, error) {
 	}
 	accounts := &account.Service{DB: pool, Now: o.Clock, BcryptCost: o.BcryptCost}
 	outbound := queue.NewOutbound(o.AllowTargets, o.RootCAs)
-	notifier := &queue.Notifier{Client: outbound, Keys: o.SecretKey, Engine: engine, Log: o.Log, Sweep: o.Sweep}
+	notifier := &queue.Notifier{Client: outbound, Keys: o.SecretKey, Engine: engine, Log: o.Log, Sweep: o.Sweep, Timeout: o.ReceiverTimeout}
 	notes := &notify.Service{DB: pool, Now: o.Clock, Keys: o.SecretKey, Verifier: notifier, Backoff: o.NotifyBackoff}
 	notifier.Service = notes
 	notifier.Register(engine)
@@ -149,8 +183,10 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		_, err := threads.Sweep(ctx, 50)
 		return err
 	})
+	engine.Hosts().Cooldown = o.HostCooldown
+	receivers := &queue.Receivers{Client: outbound, Keys: o.SecretKey, Timeout: o.ReceiverTimeout, Hosts: engine.Hosts()}
 	tasks := &task.Service{DB: pool, Now: o.Clock,
-		Receiver:  &queue.Receivers{Client: outbound, Keys: o.SecretKey, Timeout: o.ReceiverTimeout},
+		Receiver:  receivers,
 		Wake:      taskWaker{engine},
 		AllowHTTP: func(a netip.Addr) bool { return allowed(o.AllowTargets, a) },
 		AgentRef: func(code string, accountID int64) string {
@@ -158,7 +194,9 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		},
 		LadderScale: o.LadderScale, Grace: o.DeliveryGrace,
 	}
-	engine.Handle(task.TaskRedeliver, tasks.Redeliver)
+	// A redelivery takes its turn at the receiver's host before the
+	// attempt is counted.
+	engine.Handle(task.TaskRedeliver, receivers.Paced(tasks.Target, tasks.Redeliver))
 	engine.Every("receiver-sweep", o.Sweep, func(ctx context.Context) error {
 		due, err := tasks.Due(ctx, 50)
 		if err != nil {
@@ -184,7 +222,7 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		Threads:   threads,
 		Notify:    notes,
 		Tasks:     tasks,
-		JoinGuard: &JoinGuard{Redis: rdb, Prefix: o.RedisPrefix, MaxFailures: 20, Window: 15 * time.Minute},
+		JoinGuard: &JoinGuard{Redis: rdb, Prefix: prefix, MaxFailures: 20, Window: 15 * time.Minute},
 		Links:     Links(o.PublicURL),
 	})...)
 	if err != nil {
@@ -192,11 +230,64 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		_ = rdb.Close()
 		return nil, err
 	}
-	srv := New(Config{PublicURL: o.PublicURL, TrustedProxies: o.TrustedProxies}, Deps{
+	srv := New(Config{PublicURL: o.PublicURL, TrustedProxies: o.TrustedProxies, LoopbackUnlimited: o.LoopbackUnlimited}, Deps{
 		DB: pool, Redis: rdb, Accounts: accounts, Tools: reg, Log: o.Log, Keys: o.SecretKey,
-		Limiter: &Limiter{Redis: rdb, Prefix: o.RedisPrefix, Rules: o.Limits},
+		Limiter: &Limiter{Redis: rdb, Prefix: prefix, Rules: o.Limits},
 	})
-	return &App{Server: srv, Threads: threads, Tasks: tasks, Notify: notes, Engine: engine, DB: pool, Redis: rdb, log: o.Log}, nil
+	return &App{Server: srv, Threads: threads, Tasks: tasks, Notify: notes, Engine: engine, Deployment: dep, DB: pool, Redis: rdb, log: o.Log}, nil
+}
+
+// deployment returns the id that namespaces this database's Redis keys and
+// queues. A database copied from another (a test template, CREATE DATABASE
+// ... TEMPLATE, a restore beside the original) carries the original's row
+// under another oid: it takes an id of its own here, before anything
+// touches Redis. Two processes racing on a fresh copy both read the id that
+// won, since the loser's UPDATE waits for the winner and then matches
+// nothing.
+func deployment(ctx context.Context, db *pgxpool.Pool) (string, error) {
+	if _, err := db.Exec(ctx, `UPDATE deployment SET id = replace(gen_random_uuid()::text, '-', ''), db_oid = d.oid, created_at = now()
+		FROM pg_database d WHERE d.datname = current_database() AND deployment.db_oid <> d.oid`); err != nil {
+		return "", fmt.Errorf("deployment id: %w", err)
+	}
+	var id string
+	if err := db.QueryRow(ctx, `SELECT id FROM deployment`).Scan(&id); err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return "", errors.New("deployment id: the deployment table is empty (its one row is made by migration 00006)")
+		}
+		return "", fmt.Errorf("deployment id: %w", err)
+	}
+	return id, nil
+}
+
+// DefaultDBMaxConns sizes the pool from the machine: pgx's own default (the
+// CPU count, at least 4) leaves PostgreSQL idle while requests queue for a
+// connection, and 16 is where fsynced writes on a small machine stop
+// gaining. Each process of a deployment opens at most this many.
+func DefaultDBMaxConns() int32 {
+	return int32(max(16, 4*runtime.GOMAXPROCS(0)))
+}
+
+// DatabaseError says in one line why PostgreSQL could not be used: a server
+// that answers is not "unreachable" because the database or the login is
+// wrong, and the fix differs.
+func DatabaseError(dsn string, err error) error {
+	where := "postgres"
+	db := ""
+	if cfg, perr := pgconn.ParseConfig(dsn); perr == nil {
+		where = fmt.Sprintf("postgres at %s:%d", cfg.Host, cfg.Port)
+		db = cfg.Database
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "3D000":
+			return fmt.Errorf("%s is up, but database %q does not exist: create it (createdb %s) or point DATABASE_URL at another", where, db, db)
+		case "28000", "28P01":
+			return fmt.Errorf("%s is up, but refused the login: check the user and password in DATABASE_URL", where)
+		}
+		return fmt.Errorf("%s refused the connection: %s", where, pe.Message)
+	}
+	return fmt.Errorf("%s is unreachable: %w", where, err)
 }
 
 // Links are the onboarding addresses under a public URL.

@@ -27,7 +27,8 @@ func withSweep(d time.Duration) option { return func(o *relay.Options) { o.Sweep
 func flushQueue(t *testing.T, d *dojo) {
 	t.Helper()
 	ctx := context.Background()
-	keys, err := d.App.Redis.Keys(ctx, "asynq:{"+d.App.Engine.Queue()+"}:*").Result()
+	// One queue per task type, each named <base>:<type>.
+	keys, err := d.App.Redis.Keys(ctx, "asynq:{"+d.App.Engine.Queue()+":*").Result()
 	if err != nil {
 		t.Fatal(err)
 	}

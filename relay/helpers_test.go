@@ -145,8 +145,15 @@ func post(t testing.TB, url, key string, body []byte, header ...string) result {
 	if key != "" {
 		req.Header.Set("Authorization", "Bearer "+key)
 	}
+	// A name's first pair replaces the default; repeating it adds a line.
+	seen := map[string]bool{}
 	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
+		if seen[header[i]] {
+			req.Header.Add(header[i], header[i+1])
+		} else {
+			req.Header.Set(header[i], header[i+1])
+		}
+		seen[header[i]] = true
 	}
 	resp, err := client.Do(req)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/dojo-relay/dojo/kungfu"
 )
 
 // Rule allows Limit calls per Window.
@@ -108,9 +111,29 @@ func (l *Limiter) Allow(ctx context.Context, action, subject string) (time.Durat
 	wait, err := slidingWindow.Run(ctx, l.Redis, []string{key},
 		rule.Window.Microseconds(), rule.Limit, hex.EncodeToString(nonce[:])).Int64()
 	if err != nil {
-		return 0, fmt.Errorf("rate limit %s: %w", action, err)
+		return 0, fmt.Errorf("rate limit %s: %w: %w", action, errRedis, err)
 	}
 	return time.Duration(wait) * time.Microsecond, nil
+}
+
+// errRedis marks a limit that could not be read because Redis failed. The
+// request cannot be judged, which is neither the caller's fault nor a bug:
+// it is refused as SERVICE_UNAVAILABLE and the caller comes back later.
+var errRedis = errors.New("redis unavailable")
+
+// unavailableRetry is the retry_after, in seconds, of SERVICE_UNAVAILABLE:
+// long enough not to hammer a Redis that is restarting, short enough that
+// agents resume soon after it is back.
+const unavailableRetry = 5
+
+// unavailable refuses a call Redis could not judge. The real error stays in
+// the log; the caller learns only that it should wait.
+func (s *Server) unavailable(ctx context.Context, name string, err error) envelope {
+	s.log.WarnContext(ctx, "refused: redis unavailable", "tool", name, "err", err)
+	secs := unavailableRetry
+	return refusal(&kungfu.Error{Code: kungfu.CodeServiceUnavailable,
+		Message: "the service is briefly unavailable; retry after " + itoa(int64(secs)) + "s",
+		Details: map[string]any{"retry_after": secs}, RetryAfter: &secs})
 }
 
 // seconds rounds a wait up to whole seconds, at least 1.
@@ -139,7 +162,7 @@ func (g *JoinGuard) Blocked(ctx context.Context, accountID int64) (bool, error) 
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("join guard: %w", err)
+		return false, fmt.Errorf("join guard: %w: %w", errRedis, err)
 	}
 	return n >= g.MaxFailures, nil
 }
@@ -151,7 +174,7 @@ func (g *JoinGuard) Failed(ctx context.Context, accountID int64) error {
 	pipe.Incr(ctx, k)
 	pipe.ExpireNX(ctx, k, g.Window)
 	if _, err := pipe.Exec(ctx); err != nil {
-		return fmt.Errorf("join guard: %w", err)
+		return fmt.Errorf("join guard: %w: %w", errRedis, err)
 	}
 	return nil
 }

@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/netip"
-	"net/url"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -39,10 +37,16 @@ func (s *Server) mcpHandler() http.Handler {
 				}, nil
 			})
 	}
+	// The SDK's own Host check is off: s.guard applies the same rule, plus
+	// Origin, to every door, and knows the public name behind a proxy.
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
 		&mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true, Logger: s.log, MaxRequestBodyBytes: maxMCPBody,
-			DisableLocalhostProtection: s.behindProxy()})
+			DisableLocalhostProtection: true})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if e := s.guard.check(r); e != nil {
+			writeEnvelope(w, refusal(e))
+			return
+		}
 		if r.Method != http.MethodPost {
 			h.ServeHTTP(w, r)
 			return
@@ -95,23 +99,4 @@ func (s *Server) needsAccount(body []byte) bool {
 		}
 	}
 	return false
-}
-
-// behindProxy reports whether the operator declared a public name that is
-// not loopback. The SDK's DNS-rebinding guard refuses requests that reach a
-// loopback socket under another Host, which is exactly what a reverse proxy
-// on the same machine sends; a local-only Dojo keeps the guard.
-func (s *Server) behindProxy() bool {
-	u, err := url.Parse(s.cfg.PublicURL)
-	if err != nil || u.Hostname() == "" {
-		return false
-	}
-	host := u.Hostname()
-	if host == "localhost" {
-		return false
-	}
-	if a, err := netip.ParseAddr(host); err == nil && a.IsLoopback() {
-		return false
-	}
-	return true
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dojo-relay/dojo/docs"
 	"github.com/dojo-relay/dojo/kungfu"
+	"github.com/dojo-relay/dojo/kungfu/userjson"
 )
 
 func (s *Server) serveHealth(w http.ResponseWriter, _ *http.Request) {
@@ -25,13 +26,17 @@ func (s *Server) serveHealth(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) serveReady(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
+	// The body names the dependency that is down, never why: a dial error
+	// shows addresses and versions to anyone. The operator finds it in the log.
 	checks := map[string]string{"postgres": "ok", "redis": "ok"}
 	ready := true
 	if err := s.db.Ping(ctx); err != nil {
-		checks["postgres"], ready = err.Error(), false
+		s.log.WarnContext(ctx, "readyz: postgres unreachable", "err", err)
+		checks["postgres"], ready = "unreachable", false
 	}
 	if err := s.redis.Ping(ctx).Err(); err != nil {
-		checks["redis"], ready = err.Error(), false
+		s.log.WarnContext(ctx, "readyz: redis unreachable", "err", err)
+		checks["redis"], ready = "unreachable", false
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
@@ -155,6 +160,10 @@ func (s *Server) serveOwnerKey(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 		return
 	}
+	if e := s.guard.check(r); e != nil {
+		writeEnvelope(w, refusal(e))
+		return
+	}
 	body, bodyErr := readBody(w, r, 16*1024)
 	if bodyErr != nil {
 		writeEnvelope(w, refusal(bodyErr))
@@ -172,6 +181,9 @@ func (s *Server) serveOwnerKey(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		in.Name, in.Password = vals.Get("name"), vals.Get("password")
+	} else if err := userjson.Validate("", body); err != nil {
+		writeEnvelope(w, s.fail(r.Context(), "owner_key", err))
+		return
 	} else if err := json.Unmarshal(body, &in); err != nil {
 		writeEnvelope(w, refusal(kungfu.Invalid(kungfu.FieldError{Message: "the body must be a JSON object with name and password"})))
 		return
@@ -183,7 +195,7 @@ func (s *Server) serveOwnerKey(w http.ResponseWriter, r *http.Request) {
 	if s.limiter != nil {
 		wait, err := s.limiter.Allow(r.Context(), "owner_login", "ip"+s.clientIP(r))
 		if err != nil {
-			writeEnvelope(w, s.internal(r.Context(), "owner_key", err))
+			writeEnvelope(w, s.unavailable(r.Context(), "owner_key", err))
 			return
 		}
 		if wait > 0 {

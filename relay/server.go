@@ -36,6 +36,10 @@ type Config struct {
 	// TrustedProxies may set X-Forwarded-For; others are taken at their
 	// socket address.
 	TrustedProxies []netip.Prefix
+	// LoopbackUnlimited lifts the per-address limits (register, owner
+	// login) for loopback clients: `dojo dev`, where one developer is every
+	// client and a walkthrough run twice must not hit the hourly cap.
+	LoopbackUnlimited bool
 }
 
 // Server serves every door over one registry.
@@ -47,6 +51,7 @@ type Server struct {
 	tools    *tool.Registry
 	limiter  *Limiter
 	keys     *signing.ServerKey
+	guard    *guard
 	log      *slog.Logger
 }
 
@@ -69,7 +74,8 @@ func New(cfg Config, d Deps) *Server {
 		d.Log = slog.Default()
 	}
 	cfg.PublicURL = strings.TrimRight(cfg.PublicURL, "/")
-	return &Server{cfg: cfg, db: d.DB, redis: d.Redis, accounts: d.Accounts, tools: d.Tools, limiter: d.Limiter, keys: d.Keys, log: d.Log}
+	return &Server{cfg: cfg, db: d.DB, redis: d.Redis, accounts: d.Accounts, tools: d.Tools, limiter: d.Limiter,
+		keys: d.Keys, guard: newGuard(cfg.PublicURL), log: d.Log}
 }
 
 // Handler returns the HTTP routes.
@@ -96,14 +102,14 @@ func (s *Server) call(ctx context.Context, who kungfu.Caller, name string, args 
 	if !t.Public && who.Anonymous() {
 		return refusal(kungfu.Errorf(kungfu.CodeUnauthorized, "missing or invalid Agent key"))
 	}
-	if t.Limit != "" && s.limiter != nil {
+	if t.Limit != "" && s.limiter != nil && !(t.LimitByIP && s.unlimited(who.IP)) {
 		subject := "a" + itoa(who.AccountID)
 		if t.LimitByIP {
 			subject = "ip" + who.IP
 		}
 		wait, err := s.limiter.Allow(ctx, t.Limit, subject)
 		if err != nil {
-			return s.internal(ctx, name, err)
+			return s.unavailable(ctx, name, err)
 		}
 		if wait > 0 {
 			return rateLimited(wait)
@@ -133,6 +139,9 @@ func (s *Server) fail(ctx context.Context, name string, err error) envelope {
 	if e := kungfu.AsError(err); e != nil {
 		return refusal(e)
 	}
+	if errors.Is(err, errRedis) {
+		return s.unavailable(ctx, name, err)
+	}
 	return s.internal(ctx, name, err)
 }
 
@@ -161,8 +170,12 @@ func (s *Server) authenticate(r *http.Request) (kungfu.Caller, error) {
 	return c, nil
 }
 
-// clientIP is the socket peer, or the nearest untrusted X-Forwarded-For hop
-// when the peer is a trusted proxy.
+// clientIP is the socket peer, or the right-most X-Forwarded-For hop that
+// is not a trusted proxy when the peer is one. Every X-Forwarded-For line
+// counts, in order: a proxy that appends its own line instead of extending
+// the client's must not let the client pick its address by sending a first
+// line of its own. A hop that does not parse stops the walk there, since
+// nothing left of it can be trusted either.
 func (s *Server) clientIP(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
@@ -172,7 +185,10 @@ func (s *Server) clientIP(r *http.Request) string {
 	if err != nil || !s.trusted(peer) {
 		return host
 	}
-	hops := strings.Split(r.Header.Get("X-Forwarded-For"), ",")
+	var hops []string
+	for _, line := range r.Header.Values("X-Forwarded-For") {
+		hops = append(hops, strings.Split(line, ",")...)
+	}
 	for i := len(hops) - 1; i >= 0; i-- {
 		a, err := netip.ParseAddr(strings.TrimSpace(hops[i]))
 		if err != nil {
@@ -183,6 +199,12 @@ func (s *Server) clientIP(r *http.Request) string {
 		}
 	}
 	return host
+}
+
+// unlimited reports whether per-address limits are lifted for ip.
+func (s *Server) unlimited(ip string) bool {
+	a, err := netip.ParseAddr(ip)
+	return s.cfg.LoopbackUnlimited && err == nil && a.Unmap().IsLoopback()
 }
 
 func (s *Server) trusted(a netip.Addr) bool {
@@ -201,7 +223,7 @@ func writeEnvelope(w http.ResponseWriter, env envelope) {
 	if env.status == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="dojo"`)
 	}
-	if env.status == http.StatusTooManyRequests {
+	if env.status == http.StatusTooManyRequests || env.status == http.StatusServiceUnavailable {
 		var h head
 		if json.Unmarshal(env.body, &h) == nil && h.RetryAfter != nil {
 			w.Header().Set("Retry-After", itoa(int64(*h.RetryAfter)))

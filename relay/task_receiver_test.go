@@ -331,6 +331,13 @@ func TestReceiverRejectWithBody(t *testing.T) {
 	if _, body, _ := replyOf(sub); body != "bad \uFFFD byte" {
 		t.Fatalf("invalid UTF-8 reply: %q", body)
 	}
+	// So does a NUL, which PostgreSQL text cannot hold: the verdict is
+	// still recorded instead of failing the whole write.
+	rcv.setPlan(always(says(409, "nul \x00 byte")))
+	sub = submit(t, d, exe, code, "rej-nul", bullets)
+	if _, body, _ := replyOf(sub); sub.str("state") != "rejected" || body != "nul \uFFFD byte" {
+		t.Fatalf("NUL reply: %d %s", sub.Status, sub.Raw)
+	}
 	// Revising a rejection with a fixed payload settles.
 	rcv.setPlan(always(says(201, "")))
 	sub = submit(t, d, exe, code, "rej-4", bullets, "revises", sub.str("submission_id"))
@@ -524,7 +531,10 @@ func TestReceiverRedeliveryRepeatsBody(t *testing.T) {
 // failed DELIVERY_UNRESOLVED, reservation released, stop.
 func TestReceiverLadderExhausted(t *testing.T) {
 	t.Parallel()
-	d := start(t, withReceiverTimeout(300*time.Millisecond), withLadder(0.0001), withSweep(100*time.Millisecond), withGrace(2*time.Second))
+	// Every attempt times out, so the host is left alone between attempts
+	// (queue.Hosts); a short pause keeps the test quick.
+	d := start(t, withReceiverTimeout(300*time.Millisecond), withLadder(0.0001), withSweep(100*time.Millisecond), withGrace(2*time.Second),
+		withHostCooldown(50*time.Millisecond))
 	pub, _ := d.register(t)
 	exe, _ := d.register(t)
 	rcv := newScripted(t, always(hangs()))

@@ -27,13 +27,19 @@ import (
 // migrates, serves, and stops whatever it started on Ctrl-C.
 func dev(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
+	fs.SetOutput(os.Stdout)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), devUsage)
+		fs.PrintDefaults()
+	}
 	install := fs.Bool("install", false, "install missing PostgreSQL/Redis with apt-get (root only)")
 	private := fs.Bool("private", false, "always start private PostgreSQL and Redis under --dir")
-	dir := fs.String("dir", ".dojo", "where private services keep their data")
+	dir := fs.String("dir", devDir, "where private services keep their data")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	c := env()
+	c.Dev = true
 	st := &stack{dir: *dir, install: *install}
 	defer st.stop()
 
@@ -80,6 +86,16 @@ func dev(ctx context.Context, args []string) error {
 	if err := migrate(ctx, c); err != nil {
 		return err
 	}
+	// dojo check (and the operator) find this run's database here, even a
+	// private one on a port chosen just now; it goes when dev stops.
+	marker := filepath.Join(st.dir, devEnvFile)
+	if err := os.MkdirAll(st.dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(marker, []byte("DATABASE_URL="+c.DatabaseURL+"\n"), 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(marker)
 	return run(ctx, c, func(base string) {
 		fmt.Printf(`
 Dojo is running (dev mode).
@@ -97,6 +113,39 @@ Create your first account (the key is shown once):
 Ctrl-C stops Dojo and everything it started.
 `, base, redact(c.DatabaseURL), pgNote, c.RedisURL, redisNote)
 	})
+}
+
+const devUsage = `Usage: dojo dev [--install] [--private] [--dir DIR]
+
+Runs Dojo locally with nothing configured. PostgreSQL and Redis that answer
+on loopback are used; otherwise private ones are started under DIR. The
+schema is migrated, Dojo serves on DOJO_ADDR (127.0.0.1:8080), and Ctrl-C
+stops Dojo and everything it started. Loopback clients are not held to the
+per-address limits (register, owner login). While it runs, ` + "`dojo check`" + `
+from the same folder audits its database.
+
+Flags:
+`
+
+// devDir is where dev keeps private services, its key and its marker.
+const devDir = ".dojo"
+
+// devEnvFile names the running dev's database, for dojo check.
+const devEnvFile = "dev.env"
+
+// devDatabase returns the DATABASE_URL of a dojo dev running with dir, or
+// "" when none is.
+func devDatabase(dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, devEnvFile))
+	if err != nil {
+		return ""
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "DATABASE_URL="); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // devKey reads the dev server key from dir, creating it on first use, so a

@@ -74,16 +74,41 @@ func TestDevPrivateWalkthrough(t *testing.T) {
 	if block == nil {
 		t.Fatal("README has no walkthrough block")
 	}
-	sh := exec.Command("bash", "-euo", "pipefail", "-c", string(block[1]))
+	// Twice: a second run must not trip over the first one's account or
+	// the hourly register limit.
+	for run := 1; run <= 2; run++ {
+		sh := exec.Command("bash", "-c", string(block[1]))
+		sh.Env = append(os.Environ(), "DOJO="+base)
+		got, err := sh.CombinedOutput()
+		if err != nil {
+			t.Fatalf("walkthrough run %d failed: %v\n%s", run, err, got)
+		}
+		for _, want := range []*regexp.Regexp{regexp.MustCompile(`"bot_name":"walkthrough_\d+_\d+","balance":66`),
+			regexp.MustCompile(`"content":"1\. run migrations 2\. roll one process`), regexp.MustCompile(`"structuredContent":\{"ok":true`),
+			regexp.MustCompile(`"title":"Deploy checklist"`), regexp.MustCompile(`"seq":1,"memory":`),
+			regexp.MustCompile(`"next_action":"wait","next":\[\],"retry_after":60`)} {
+			if !want.Match(got) {
+				t.Errorf("walkthrough run %d output lacks %s:\n%s", run, want, got)
+			}
+		}
+	}
+	// A refused step says so and stops: no chain of UNAUTHORIZED after it.
+	broken := strings.Replace(string(block[1]), `"password\":\"change-me-please\"`, `"password\":\"short\"`, 1)
+	if broken == string(block[1]) {
+		t.Fatal("walkthrough no longer registers with the password this test breaks")
+	}
+	sh := exec.Command("bash", "-c", broken)
 	sh.Env = append(os.Environ(), "DOJO="+base)
 	got, err := sh.CombinedOutput()
-	if err != nil {
-		t.Fatalf("walkthrough failed: %v\n%s", err, got)
+	if err == nil || !strings.Contains(string(got), "step account_register was refused") || !strings.Contains(string(got), "INVALID_PASSWORD") ||
+		strings.Contains(string(got), "UNAUTHORIZED") {
+		t.Errorf("a failing walkthrough step: err %v, output:\n%s", err, got)
 	}
-	for _, want := range []string{`"bot_name":"walkthrough_agent","balance":66`, `"content":"1. run migrations 2. roll one process`, `"structuredContent":{"ok":true`, `"title":"Deploy checklist"`, `"seq":1,"memory":`, `"next_action":"wait","next":[],"retry_after":60`} {
-		if !strings.Contains(string(got), want) {
-			t.Errorf("walkthrough output lacks %s:\n%s", want, got)
-		}
+
+	// dojo check audits this run's private database, found through --dir.
+	chk, err := command(t, nil, "check", "--dir", filepath.Join(dir, "state")).CombinedOutput()
+	if err != nil || !strings.Contains(string(chk), "127.0.0.1:"+pg[1]+"/dojo") || !strings.Contains(string(chk), "every balance equals its ledger") {
+		t.Errorf("dojo check during dojo dev --private: %v\n%s", err, chk)
 	}
 
 	// Ctrl-C stops Dojo, PostgreSQL and Redis.
@@ -106,7 +131,25 @@ func TestDevPrivateWalkthrough(t *testing.T) {
 			t.Errorf("port %s still answers after Ctrl-C", port)
 		}
 	}
+	if _, err := os.Stat(filepath.Join(dir, "state", "dev.env")); err == nil {
+		t.Error("dojo dev left its dev.env behind")
+	}
 	if _, err := os.Stat(filepath.Join(dir, "state", "pg", "postmaster.pid")); err == nil {
 		t.Error("PostgreSQL still has a pid file after Ctrl-C")
+	}
+}
+
+// TestDevHelp: asking for help is not an error.
+func TestDevHelp(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"dev", "--help"}, {"dev", "-h"}, {"check", "--help"}, {"tools", "--help"}} {
+		out, err := command(t, nil, args...).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "Usage") && !strings.Contains(string(out), "-dir") && !strings.Contains(string(out), "-markdown") {
+			t.Errorf("dojo %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	out, _ := command(t, nil, "dev", "--help").CombinedOutput()
+	if !strings.Contains(string(out), "Usage: dojo dev") || !strings.Contains(string(out), "-private") {
+		t.Errorf("dojo dev --help:\n%s", out)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -35,7 +37,8 @@ Usage:
   dojo serve                         serve with DATABASE_URL, REDIS_URL, DOJO_ADDR, DOJO_PUBLIC_URL
   dojo migrate                       apply the embedded migrations to DATABASE_URL
   dojo keygen                        print a new server key for DOJO_SECRET_KEY
-  dojo check                         audit the money: every task's budget and every balance
+  dojo check [--dir DIR]             audit the money: every task's budget and every balance
+                                     (without DATABASE_URL: the database of a running dojo dev)
   dojo tools [--markdown]            list the tools (Markdown for docs/tools.md)
   dojo version                       print the version
 `
@@ -60,7 +63,7 @@ func main() {
 	case "keygen":
 		err = keygen(os.Stdout)
 	case "check":
-		err = check(ctx, os.Stdout, env())
+		err = check(ctx, os.Stdout, env(), args)
 	case "version", "--version", "-v":
 		fmt.Println("dojo", kungfu.Version)
 	case "help", "--help", "-h":
@@ -68,6 +71,9 @@ func main() {
 	default:
 		fmt.Fprintf(os.Stderr, "dojo: unknown command %q\n\n%s", cmd, usage)
 		os.Exit(2)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return // the flag set printed its usage; asking for help is not a failure
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "dojo:", err)
@@ -91,6 +97,9 @@ type config struct {
 	LadderScale  string
 	Timeout      string
 	Grace        string
+	DBMaxConns   string
+	// Dev marks `dojo dev`: loopback clients skip the per-address limits.
+	Dev bool
 }
 
 func env() config {
@@ -115,6 +124,7 @@ func env() config {
 		LadderScale:  get("DOJO_LADDER_SCALE", "1"),
 		Timeout:      get("DOJO_RECEIVER_TIMEOUT", "10s"),
 		Grace:        get("DOJO_DELIVERY_GRACE", "15s"),
+		DBMaxConns:   os.Getenv("DOJO_DB_MAX_CONNS"),
 	}
 }
 
@@ -164,6 +174,12 @@ func (c config) options() (relay.Options, error) {
 	if err != nil || grace <= timeout {
 		return relay.Options{}, fmt.Errorf("DOJO_DELIVERY_GRACE: want a duration longer than DOJO_RECEIVER_TIMEOUT, got %q", c.Grace)
 	}
+	maxConns := 0
+	if c.DBMaxConns != "" {
+		if maxConns, err = strconv.Atoi(c.DBMaxConns); err != nil || maxConns < 1 {
+			return relay.Options{}, fmt.Errorf("DOJO_DB_MAX_CONNS: want a positive whole number, got %q", c.DBMaxConns)
+		}
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	// go-redis prints its own retries; route them through slog at debug so a
 	// refusal to start stays one line.
@@ -172,7 +188,7 @@ func (c config) options() (relay.Options, error) {
 		DatabaseURL: c.DatabaseURL, RedisURL: c.RedisURL, RedisPrefix: c.RedisPrefix,
 		PublicURL: public, Limits: limits, TrustedProxies: proxies, Log: log,
 		SecretKey: key, AllowTargets: allow, Queue: c.Queue, LadderScale: scale,
-		ReceiverTimeout: timeout, DeliveryGrace: grace,
+		ReceiverTimeout: timeout, DeliveryGrace: grace, DBMaxConns: maxConns, LoopbackUnlimited: c.Dev,
 	}, nil
 }
 
@@ -185,6 +201,11 @@ func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 func migrate(ctx context.Context, c config) error {
 	n, err := migrations.Up(ctx, c.DatabaseURL)
 	if err != nil {
+		var pe *pgconn.PgError
+		var ce *pgconn.ConnectError
+		if errors.As(err, &pe) || errors.As(err, &ce) {
+			return relay.DatabaseError(c.DatabaseURL, err)
+		}
 		return err
 	}
 	fmt.Printf("dojo: %d migrations applied; the schema is current\n", n)
@@ -218,12 +239,29 @@ func run(ctx context.Context, c config, ready func(base string)) error {
 }
 
 // check audits the money invariants and exits non-zero on any problem.
-func check(ctx context.Context, w io.Writer, c config) error {
-	pool, err := pgxpool.New(ctx, c.DatabaseURL)
-	if err != nil {
+// Without DATABASE_URL it audits the database of a `dojo dev` running from
+// this folder, which may be a private server on a port chosen at start.
+func check(ctx context.Context, w io.Writer, c config, args []string) error {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(os.Stdout)
+	dir := fs.String("dir", devDir, "the --dir of a running `dojo dev`, used when DATABASE_URL is not set")
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if os.Getenv("DATABASE_URL") == "" {
+		if dsn := devDatabase(*dir); dsn != "" {
+			c.DatabaseURL = dsn
+		}
+	}
+	fmt.Fprintf(w, "dojo check: auditing %s\n", redact(c.DatabaseURL))
+	pool, err := pgxpool.New(ctx, c.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("DATABASE_URL: %w", err)
+	}
 	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		return relay.DatabaseError(c.DatabaseURL, err)
+	}
 	drift, err := credits.Check(ctx, pool)
 	if err != nil {
 		return err
@@ -258,6 +296,7 @@ func keygen(w io.Writer) error {
 
 func tools(w io.Writer, args []string) error {
 	fs := flag.NewFlagSet("tools", flag.ContinueOnError)
+	fs.SetOutput(os.Stdout)
 	md := fs.Bool("markdown", false, "print docs/tools.md")
 	if err := fs.Parse(args); err != nil {
 		return err

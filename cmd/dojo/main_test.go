@@ -93,6 +93,10 @@ func TestServeRefusesToStart(t *testing.T) {
 		want string
 	}{
 		{"postgres down", map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/x?sslmode=disable"}, "postgres at 127.0.0.1:1 is unreachable"},
+		// Up but missing is not "unreachable": the fix is createdb, not the network.
+		{"database missing", map[string]string{"DATABASE_URL": strings.Replace(kungfutest.AdminURL(), "/postgres?", "/dojo_no_such_db?", 1)},
+			`is up, but database "dojo_no_such_db" does not exist: create it`},
+		{"bad pool size", map[string]string{"DATABASE_URL": good, "DOJO_DB_MAX_CONNS": "lots"}, "DOJO_DB_MAX_CONNS: want a positive whole number"},
 		{"not migrated", map[string]string{"DATABASE_URL": emptyDatabase(t)}, fmt.Sprintf("not migrated (%d migrations pending): run `dojo migrate`", migrationCount())},
 		{"redis down", map[string]string{"DATABASE_URL": good, "REDIS_URL": "redis://127.0.0.1:1/0"}, "redis at 127.0.0.1:1 is unreachable"},
 		{"no secret key", map[string]string{"DATABASE_URL": good, "DOJO_SECRET_KEY": ""}, "DOJO_SECRET_KEY is not set: run `dojo keygen`"},
@@ -116,6 +120,24 @@ func TestServeRefusesToStart(t *testing.T) {
 			t.Errorf("%s: stderr %q, want one line containing %q", c.name, stderr.String(), c.want)
 		}
 	}
+}
+
+// TestServeWithPoolSettings: pgx pool settings in DATABASE_URL are Dojo's,
+// not PostgreSQL's; the migration check used to send pool_max_conns to the
+// server as a run-time parameter, and serve refused to start.
+func TestServeWithPoolSettings(t *testing.T) {
+	t.Parallel()
+	dsn := kungfutest.DatabaseURL(t) + "&pool_max_conns=3&pool_min_conns=1"
+	s := startServe(t, map[string]string{"DATABASE_URL": dsn, "REDIS_URL": kungfutest.RedisURL()})
+	reg := call(t, s.base, "", "account_register", map[string]any{"name": "pool_settings", "password": "secret1"})
+	if reg["ok"] != true {
+		t.Fatalf("register: %v", reg)
+	}
+	out, err := command(t, map[string]string{"DATABASE_URL": dsn}, "migrate").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "0 migrations applied") {
+		t.Fatalf("migrate with pool settings: %v %s", err, out)
+	}
+	stopGracefully(t, s)
 }
 
 func TestMigrateIsIdempotent(t *testing.T) {
@@ -230,7 +252,7 @@ func TestSIGTERMFinishesInFlight(t *testing.T) {
 	}
 	defer conn.Close()
 	body := `{"name":"late_arrival","password":"secret1"}`
-	fmt.Fprintf(conn, "POST /api/v1/account_register HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:10])
+	fmt.Fprintf(conn, "POST /api/v1/account_register HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:10])
 	time.Sleep(200 * time.Millisecond)
 	if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

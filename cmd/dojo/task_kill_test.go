@@ -265,7 +265,9 @@ func TestServeRedisFlushMidLadder(t *testing.T) {
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	ctx := context.Background()
-	keys, err := rdb.Keys(ctx, "asynq:{"+queue+"}:*").Result()
+	// The queues are named from DOJO_QUEUE: the deployment id and the task
+	// type follow it.
+	keys, err := rdb.Keys(ctx, "asynq:{"+queue+"*").Result()
 	if err != nil || len(keys) == 0 {
 		t.Fatalf("no queue keys to flush (%v): the wake-up was never scheduled", err)
 	}

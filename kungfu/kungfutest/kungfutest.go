@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -185,7 +186,8 @@ func RedisPrefix(t testing.TB) string {
 }
 
 // Queue returns an asynq queue name owned by t. asynq keeps a queue's keys
-// under asynq:{<name>}:, so they are removed when t ends.
+// under asynq:{<name>}:; they, and those of every queue whose name starts
+// with name (relay.Open appends the deployment id), are removed when t ends.
 func Queue(t testing.TB) string {
 	t.Helper()
 	name := "dojotest-" + random()
@@ -197,11 +199,16 @@ func Queue(t testing.TB) string {
 		rdb := redis.NewClient(opt)
 		defer rdb.Close()
 		ctx := context.Background()
-		iter := rdb.Scan(ctx, 0, "asynq:{"+name+"}:*", 500).Iterator()
+		iter := rdb.Scan(ctx, 0, "asynq:{"+name+"*", 500).Iterator()
 		for iter.Next(ctx) {
 			rdb.Del(ctx, iter.Val())
 		}
-		rdb.SRem(ctx, "asynq:queues", name)
+		queues, _ := rdb.SMembers(ctx, "asynq:queues").Result()
+		for _, q := range queues {
+			if strings.HasPrefix(q, name) {
+				rdb.SRem(ctx, "asynq:queues", q)
+			}
+		}
 	})
 	return name
 }

@@ -29,8 +29,7 @@ func TestMismatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	verr := sch.Validate(map[string]any{"a/b": "x", "c": 1.0})
-	e := kungfu.AsError(Mismatch(verr, "bad payload"))
+	e := kungfu.AsError(sch.Check(map[string]any{"a/b": "x", "c": 1.0}, "bad payload"))
 	if e == nil || e.Code != kungfu.CodeSchemaMismatch || e.Message != "bad payload" {
 		t.Fatalf("Mismatch: %v", e)
 	}

@@ -69,6 +69,21 @@ func (s *Service) Redeliver(ctx context.Context, id int64) error {
 	return err
 }
 
+// Target is the receiver URL the next attempt of submission id would POST
+// to, or "" when no attempt is due. It counts nothing: the queue asks it
+// first to wait for a turn at that host, so an attempt Redeliver counts is
+// one that is made.
+func (s *Service) Target(ctx context.Context, id int64) (string, error) {
+	var url string
+	err := s.DB.QueryRow(ctx, `SELECT v.receiver_url FROM submissions s
+		JOIN task_versions v ON v.task_id = s.task_id AND v.version = s.version
+		WHERE s.id = $1 AND s.state IN ('delivering', 'uncertain') AND s.next_attempt_at <= $2`, id, s.Now()).Scan(&url)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	return url, err
+}
+
 // Due returns submissions whose next attempt is due, for the sweep to
 // hand to the queue (or redeliver itself when the queue is down).
 func (s *Service) Due(ctx context.Context, limit int) ([]Pending, error) {

@@ -3,7 +3,6 @@ package task
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 	"github.com/dojo-relay/dojo/kungfu/credential"
 	"github.com/dojo-relay/dojo/kungfu/credits"
 	"github.com/dojo-relay/dojo/kungfu/schema"
+	"github.com/dojo-relay/dojo/kungfu/userjson"
 )
 
 var requestKeyRE = regexp.MustCompile(`^[A-Za-z0-9._~-]{1,128}$`)
@@ -150,7 +150,7 @@ func activeClaim(ctx context.Context, q querier, r row, accountID, id int64) (Cl
 	var c Claim
 	var cid int64
 	err := q.QueryRow(ctx, `SELECT id, expires_at, deadline, amount, status, version FROM claims
-		WHERE task_id = $1 AND account_id = $2 AND status = 'active' AND ($3 = 0 OR id = $3)`, r.ID, accountID, id).
+		WHERE task_id = $1 AND account_id = $2 AND status = 'active' AND ($3::bigint = 0 OR id = $3)`, r.ID, accountID, id).
 		Scan(&cid, &c.ExpiresAt, &c.Deadline, &c.Amount, &c.Status, &c.ContractVersion)
 	c.ClaimID, c.TaskCode = strconv.FormatInt(cid, 10), r.Code
 	c.ExpiresAt, c.Deadline = c.ExpiresAt.UTC(), c.Deadline.UTC()
@@ -279,6 +279,7 @@ type SubmitInput struct {
 	Payload    json.RawMessage
 	ClaimID    string
 	Revises    string
+	rechecks   int // times the contract moved between checking and locking
 }
 
 // Result is a submission as its executor sees it.
@@ -351,7 +352,10 @@ func (s *Service) Submit(ctx context.Context, who kungfu.Caller, in SubmitInput)
 	if len(in.Payload) > MaxPayload {
 		return Result{}, kungfu.Errorf(kungfu.CodePayloadTooLarge, "payload is larger than %d bytes", MaxPayload)
 	}
-	sum := sha256.Sum256(canonicalJSON(in.Payload))
+	// Hash is byte-for-byte the form this hash always had, so request_keys
+	// stored earlier still replay.
+	sum := userjson.Hash(in.Payload)
+	pre := s.precheck(ctx, who, in)
 	var (
 		res      Result
 		r        row
@@ -423,7 +427,15 @@ func (s *Service) Submit(ctx context.Context, who kungfu.Caller, in SubmitInput)
 				return err
 			}
 		}
-		payload, err := checkPayload(in.Payload, v)
+		if pre.task != r.ID || pre.version != v.Number {
+			if in.rechecks < 2 {
+				return errRecheck
+			}
+			// A third race with task_update in a row: check here, the
+			// budget bounds it.
+			pre = check(in.Payload, r.ID, v)
+		}
+		payload, err := pre.payload, pre.err
 		if err != nil {
 			return err
 		}
@@ -464,6 +476,10 @@ func (s *Service) Submit(ctx context.Context, who kungfu.Caller, in SubmitInput)
 			ContractVersion: v.Number, CreatedAt: now}
 		return nil
 	})
+	if errors.Is(err, errRecheck) {
+		in.rechecks++
+		return s.Submit(ctx, who, in)
+	}
 	if err != nil {
 		return Result{}, wrap("work_submit", err)
 	}
@@ -500,6 +516,49 @@ func (s *Service) claimOn(ctx context.Context, tx pgx.Tx, r row, who kungfu.Call
 	return c, err
 }
 
+// checked is a payload checked against one contract version before the
+// transaction. The schema check is the one step of a submission whose cost
+// the submitter chooses; run under the task's row lock it would hold up
+// task_pause and every other submission to the task.
+type checked struct {
+	task    int64
+	version int
+	payload []byte
+	err     error
+}
+
+// errRecheck aborts a transaction whose contract version is not the one
+// the payload was checked against: the check runs again, unlocked.
+var errRecheck = errors.New("the contract changed while the payload was checked")
+
+// precheck checks the payload against the version the submission will
+// bind unless the contract moves meanwhile: its claim's, else the task's
+// current one. It reads without locking; failures to read are left to the
+// transaction, which meets them again and reports them in their place.
+func (s *Service) precheck(ctx context.Context, who kungfu.Caller, in SubmitInput) checked {
+	r, err := load(ctx, s.DB, who, in.Code, false)
+	if err != nil {
+		return checked{}
+	}
+	v := r.v
+	if id, err := strconv.ParseInt(strings.TrimSpace(in.ClaimID), 10, 64); err == nil {
+		var n int
+		err := s.DB.QueryRow(ctx, `SELECT version FROM claims WHERE id = $1 AND task_id = $2 AND account_id = $3`,
+			id, r.ID, who.AccountID).Scan(&n)
+		if err == nil && n != v.Number {
+			if v, err = loadVersion(ctx, s.DB, r.ID, n); err != nil {
+				return checked{}
+			}
+		}
+	}
+	return check(in.Payload, r.ID, v)
+}
+
+func check(raw json.RawMessage, task int64, v version) checked {
+	p, err := checkPayload(raw, v)
+	return checked{task: task, version: v.Number, payload: p, err: err}
+}
+
 // checkPayload applies the bound version's rules: a JSON object, the
 // output schema, no credential-shaped strings.
 func checkPayload(raw json.RawMessage, v version) ([]byte, error) {
@@ -510,12 +569,8 @@ func checkPayload(raw json.RawMessage, v version) ([]byte, error) {
 			WithDetails(map[string]any{"errors": []map[string]string{{"pointer": "", "message": "not a JSON object"}}})
 	}
 	if len(v.Schema) > 0 {
-		sch, err := schema.Compile(v.Schema)
-		if err != nil {
+		if err := schema.CheckStored(v.Schema, inst, "the payload does not match the task's output.schema"); err != nil {
 			return nil, err
-		}
-		if err := sch.Validate(inst); err != nil {
-			return nil, schema.Mismatch(err, "the payload does not match the task's output.schema")
 		}
 	}
 	if ptr, kind := credential.FindIn(inst); kind != "" {
@@ -523,19 +578,6 @@ func checkPayload(raw json.RawMessage, v version) ([]byte, error) {
 			WithDetails(map[string]any{"pointer": ptr})
 	}
 	return raw, nil
-}
-
-// canonicalJSON re-encodes JSON with sorted keys so equal payloads hash
-// alike whatever their key order.
-func canonicalJSON(raw []byte) []byte {
-	var v any
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber() // numbers compare as written, not as float64
-	if dec.Decode(&v) != nil {
-		return raw
-	}
-	b, _ := json.Marshal(v)
-	return b
 }
 
 // body is the receiver's request body: exactly four keys.
@@ -580,7 +622,9 @@ func classify(o Outcome) (state, failure string) {
 // excerpt is the first 4000 bytes of a reply, cut on a rune boundary, with
 // invalid UTF-8 replaced.
 func excerpt(b []byte) string {
-	s := strings.ToValidUTF8(string(b), "\uFFFD")
+	// A receiver is a stranger too: PostgreSQL text holds neither invalid
+	// UTF-8 nor NUL, and either would make recording its verdict fail.
+	s := strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", "\uFFFD")
 	if len(s) <= 4000 {
 		return s
 	}

@@ -49,6 +49,10 @@ func TestExcerpt(t *testing.T) {
 	if got := excerpt([]byte{'a', 0xff, 'b'}); got != "a\uFFFDb" {
 		t.Fatalf("invalid UTF-8 not replaced: %q", got)
 	}
+	// A receiver's NUL would make PostgreSQL refuse the whole verdict.
+	if got := excerpt([]byte("a\x00b")); got != "a\uFFFDb" {
+		t.Fatalf("NUL not replaced: %q", got)
+	}
 	if excerpt(nil) != "" {
 		t.Fatal("empty body")
 	}

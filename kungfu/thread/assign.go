@@ -17,6 +17,7 @@ import (
 	"github.com/dojo-relay/dojo/kungfu/credential"
 	"github.com/dojo-relay/dojo/kungfu/memory"
 	"github.com/dojo-relay/dojo/kungfu/schema"
+	"github.com/dojo-relay/dojo/kungfu/userjson"
 )
 
 type assignSpec struct {
@@ -177,6 +178,10 @@ type AssignResult struct {
 // Take claims an open assignment addressed to the caller and starts its
 // deliver clock; with a delivery it is take and submit in one action.
 func (s *Service) Take(ctx context.Context, who kungfu.Caller, id int64, d Delivery, idem Idem) (any, error) {
+	var pre checked
+	if !d.empty() {
+		pre = s.precheck(ctx, id, d)
+	}
 	return s.run(ctx, who, "assign_take", idem, func(ctx context.Context, w *write) (any, error) {
 		a, _, err := w.lockAssign(ctx, id)
 		if err != nil {
@@ -206,7 +211,7 @@ func (s *Service) Take(ctx context.Context, who kungfu.Caller, id int64, d Deliv
 			w.wakeAt(id, "deliver", due)
 			return out, nil
 		}
-		res, err := w.deliver(ctx, &a, d)
+		res, err := w.deliver(ctx, &a, d, pre)
 		res.Fulfilled = out.Fulfilled
 		res.DeliverDueAt = &due
 		return res, err
@@ -218,6 +223,7 @@ func (s *Service) Submit(ctx context.Context, who kungfu.Caller, id int64, d Del
 	if d.empty() {
 		return nil, kungfu.Invalid(kungfu.FieldError{Field: "payload", Message: "give payload and/or memories"})
 	}
+	pre := s.precheck(ctx, id, d)
 	return s.run(ctx, who, "assign_submit", idem, func(ctx context.Context, w *write) (any, error) {
 		a, _, err := w.lockAssign(ctx, id)
 		if err != nil {
@@ -235,12 +241,36 @@ func (s *Service) Submit(ctx context.Context, who kungfu.Caller, id int64, d Del
 		if a.State != "taken" {
 			return nil, invalidState(a, "taken")
 		}
-		return w.deliver(ctx, &a, d)
+		return w.deliver(ctx, &a, d, pre)
 	})
 }
 
-// deliver validates and stores a delivery and starts the judge clock.
-func (w *write) deliver(ctx context.Context, a *assignment, d Delivery) (AssignResult, error) {
+// checked is a delivery's payload checked against its assignment's output
+// schema before the transaction: the check's cost is the assignee's to
+// choose, and under the room and assignment locks it would hold up every
+// write to the room.
+type checked struct {
+	read    bool
+	schema  []byte
+	payload []byte
+	err     error
+}
+
+// precheck reads the output schema without a lock (it never changes after
+// the assignment is posted) and checks the payload against it. A failed
+// read is left to the transaction, which meets it again in its place.
+func (s *Service) precheck(ctx context.Context, id int64, d Delivery) checked {
+	var sch []byte
+	if err := s.DB.QueryRow(ctx, `SELECT output_schema FROM assigns WHERE id = $1`, id).Scan(&sch); err != nil {
+		return checked{}
+	}
+	p, err := checkDelivery(d, sch)
+	return checked{read: true, schema: sch, payload: p, err: err}
+}
+
+// checkDelivery applies the assignment's rules to a delivery's payload and
+// returns the JSON to store (nil for none).
+func checkDelivery(d Delivery, outputSchema []byte) ([]byte, error) {
 	var payload []byte
 	if p := bytes.TrimSpace(d.Payload); len(p) > 0 && string(p) != "null" {
 		// The protocol sends payload as a JSON string; a string that holds
@@ -248,31 +278,46 @@ func (w *write) deliver(ctx context.Context, a *assignment, d Delivery) (AssignR
 		var str string
 		if json.Unmarshal(p, &str) == nil && json.Valid([]byte(str)) {
 			p = []byte(str)
+			// A wrapped document is user JSON in its own right: read as
+			// strictly as the arguments around it before it is stored.
+			if err := userjson.Validate("payload", p); err != nil {
+				return nil, err
+			}
 		}
 		if len(p) > MaxPayload {
-			return AssignResult{}, kungfu.Errorf(kungfu.CodePayloadTooLarge, "payload is larger than %d bytes", MaxPayload)
+			return nil, kungfu.Errorf(kungfu.CodePayloadTooLarge, "payload is larger than %d bytes", MaxPayload)
 		}
 		inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(p))
 		if err != nil {
-			return AssignResult{}, kungfu.Invalid(kungfu.FieldError{Field: "payload", Message: "not valid JSON"})
+			return nil, kungfu.Invalid(kungfu.FieldError{Field: "payload", Message: "not valid JSON"})
 		}
 		if ptr, _ := credential.FindIn(inst); ptr != "" || credential.Find(string(p)) != "" {
-			return AssignResult{}, kungfu.Errorf(kungfu.CodeSensitiveContent, "the payload contains a credential-shaped string").
+			return nil, kungfu.Errorf(kungfu.CodeSensitiveContent, "the payload contains a credential-shaped string").
 				WithDetails(map[string]any{"pointer": ptr})
 		}
-		if len(a.Schema) > 0 {
-			sch, err := schema.Compile(a.Schema)
-			if err != nil {
-				return AssignResult{}, err
-			}
-			if err := sch.Validate(inst); err != nil {
-				return AssignResult{}, schema.Mismatch(err, "the payload does not match the assignment's output_schema")
+		if len(outputSchema) > 0 {
+			if err := schema.CheckStored(outputSchema, inst, "the payload does not match the assignment's output_schema"); err != nil {
+				return nil, err
 			}
 		}
 		payload = p
-	} else if len(a.Schema) > 0 {
-		return AssignResult{}, kungfu.Errorf(kungfu.CodeSchemaMismatch, "this assignment's output_schema needs a payload").
+	} else if len(outputSchema) > 0 {
+		return nil, kungfu.Errorf(kungfu.CodeSchemaMismatch, "this assignment's output_schema needs a payload").
 			WithDetails(map[string]any{"errors": []map[string]string{{"pointer": "", "message": "payload is required"}}})
+	}
+	return payload, nil
+}
+
+// deliver validates and stores a delivery and starts the judge clock.
+func (w *write) deliver(ctx context.Context, a *assignment, d Delivery, pre checked) (AssignResult, error) {
+	if !pre.read || !bytes.Equal(pre.schema, a.Schema) {
+		// Unread before the lock (the row is that new): check it here.
+		p, err := checkDelivery(d, a.Schema)
+		pre = checked{read: true, schema: a.Schema, payload: p, err: err}
+	}
+	payload, err := pre.payload, pre.err
+	if err != nil {
+		return AssignResult{}, err
 	}
 	pins, err := w.pins(ctx, d.Memories)
 	if err != nil {
@@ -311,6 +356,11 @@ func (w *write) pins(ctx context.Context, raw json.RawMessage) ([]Pin, error) {
 	var str string
 	if json.Unmarshal(raw, &str) == nil {
 		raw = []byte(str)
+		if json.Valid(raw) {
+			if err := userjson.Validate("memories", raw); err != nil {
+				return nil, err
+			}
+		}
 	}
 	var refs []struct {
 		Name string `json:"name"`

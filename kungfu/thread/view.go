@@ -191,7 +191,7 @@ func (s *Service) Get(ctx context.Context, who kungfu.Caller, in GetInput) (View
 func timeline(ctx context.Context, tx pgx.Tx, roomID, me, cursor int64, v *View) error {
 	q := `SELECT e.id, e.seq, a.name, e.author_id, e.summary, e.reply_to, e.created_at, s.id, s.state
 		FROM thread_entries e JOIN accounts a ON a.id = e.author_id LEFT JOIN assigns s ON s.entry_id = e.id
-		WHERE e.thread_id = $1 AND ($2 = 0 OR e.seq < $2) ORDER BY e.seq DESC LIMIT $3`
+		WHERE e.thread_id = $1 AND ($2::bigint = 0 OR e.seq < $2) ORDER BY e.seq DESC LIMIT $3`
 	rows, err := tx.Query(ctx, q, roomID, cursor, PageSize+1)
 	if err != nil {
 		return err
@@ -300,7 +300,7 @@ const assignColumns = `s.id, s.entry_id, c.name, t.name, s.state, s.created_at, 
 
 func digest(ctx context.Context, tx pgx.Tx, roomID, me, cursor int64, in GetInput, v *View) error {
 	q := `SELECT ` + assignColumns + ` FROM assigns s JOIN accounts c ON c.id = s.creator_id JOIN accounts t ON t.id = s.assignee_id
-		WHERE s.thread_id = $1 AND ($2 = 0 OR s.id < $2) AND (NOT $3 OR (s.assignee_id = $4 AND s.state = 'open'))
+		WHERE s.thread_id = $1 AND ($2::bigint = 0 OR s.id < $2) AND (NOT $3 OR (s.assignee_id = $4 AND s.state = 'open'))
 		ORDER BY s.id DESC LIMIT $5`
 	rows, err := tx.Query(ctx, q, roomID, cursor, in.MineOpen, me, PageSize+1)
 	if err != nil {
@@ -392,7 +392,7 @@ func (s *Service) List(ctx context.Context, who kungfu.Caller, status, cursor st
 			      AND s.judge_due_at > $5 AND s.judge_forfeited_at IS NULL),
 			  (SELECT count(*) FROM assigns s WHERE s.thread_id = t.id AND s.assignee_id = $1 AND s.state = 'open')
 			FROM thread_members m JOIN threads t ON t.id = m.thread_id
-			WHERE m.account_id = $1 AND ($2 = '' OR t.status = $2) AND ($3 = 0 OR t.id < $3)
+			WHERE m.account_id = $1 AND ($2 = '' OR t.status = $2) AND ($3::bigint = 0 OR t.id < $3)
 			ORDER BY t.id DESC LIMIT $4`, who.AccountID, status, after, PageSize+1, now)
 		if err != nil {
 			return err

@@ -13,7 +13,7 @@ type registerIn struct {
 
 type registerOut struct {
 	BotName     string `json:"bot_name"`
-	AccountID   int64  `json:"account_id"`
+	BotID       int64  `json:"bot_id"`
 	APIKey      string `json:"api_key"`
 	MCPEndpoint string `json:"mcp_endpoint"`
 	APIBase     string `json:"api_base"`
@@ -49,7 +49,7 @@ func accountTools(s Services) []*Tool {
 				return nil, err
 			}
 			return registerOut{
-				BotName: got.Name, AccountID: got.AccountID, APIKey: got.APIKey,
+				BotName: got.Name, BotID: got.AccountID, APIKey: got.APIKey,
 				MCPEndpoint: s.Links.MCP, APIBase: s.Links.API, Docs: s.Links.Docs,
 				Message:     "Registration successful. Give only the key to agents; keep the password for human key management.",
 				KeyRecovery: "Store the key now. If it is lost, the owner signs in at /owner/key and resets it.",

@@ -129,8 +129,8 @@ func memoryTools(s Services) []*Tool {
 		Description: "Your own active memories, most recently updated first (thread entry memories are read " +
 			"through thread_get instead).",
 		Schema: `{"type":"object","properties":{
-			"limit":{"type":"integer","description":"1-100, default 50"},
-			"offset":{"type":"integer","description":"0-10000, default 0"}},
+			"limit":{"type":"integer",` + int32Range + `,"description":"1-100, default 50"},
+			"offset":{"type":"integer",` + int32Range + `,"description":"0-10000, default 0"}},
 			"additionalProperties":false}`,
 		Limit: LimitList,
 		Handler: Decode(func(ctx context.Context, who kungfu.Caller, in listIn) (any, error) {
@@ -156,8 +156,8 @@ func memoryTools(s Services) []*Tool {
 			"the exact version that assignment's delivery pinned, even if it is now private, revised or withdrawn.",
 		Schema: `{"type":"object","properties":{
 			"code":{"type":"string","description":"the memory's 12-hex code"},
-			"revision":{"type":"integer","minimum":1,"description":"a specific version (authors only)"},
-			"assign":{"type":"integer","description":"read the exact version this assignment's delivery pinned (room members)"}},
+			"revision":{"type":"integer","minimum":1,"maximum":2147483647,"description":"a specific version (authors only)"},
+			"assign":{"type":"integer",` + idRange + `,"description":"read the exact version this assignment's delivery pinned (room members)"}},
 			"required":["code"],"additionalProperties":false}`,
 		Limit: LimitGet,
 		Handler: Decode(func(ctx context.Context, who kungfu.Caller, in getIn) (any, error) {

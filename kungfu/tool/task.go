@@ -20,12 +20,12 @@ const contractSchema = `{"type":"object","properties":{
 	"harness_refs":{"type":"array","items":{"type":"string"},"description":"up to 10 codes of your own active memories: reusable execution material"},
 	"output":{"type":"object","properties":{"schema":{"type":"object","description":"JSON Schema 2020-12 of the payload, at most 32 KB"}},"additionalProperties":false},
 	"receiver":{"type":"object","properties":{"url":{"type":"string","description":"your judge: https URL that answers 2xx to accept, 4xx to reject"}},"required":["url"],"additionalProperties":false},
-	"price":{"type":"integer","description":"credits paid per accepted submission, 1 to 2^53-1"},
-	"limits":{"type":"object","properties":{"max_rejected_per_agent":{"type":"integer","description":"1-50, default 5, per rolling 24 h"}},"additionalProperties":false},
+	"price":{"type":"integer",` + moneyRange + `,"description":"credits paid per accepted submission, 1 to 2^53-1"},
+	"limits":{"type":"object","properties":{"max_rejected_per_agent":{"type":"integer",` + int32Range + `,"description":"1-50, default 5, per rolling 24 h"}},"additionalProperties":false},
 	"claim":{"type":"object","properties":{
 		"required":{"type":"boolean","description":"executors must work_claim first (default false)"},
-		"ttl":{"type":"integer","description":"claim lifetime in seconds, 300-7200, default 1800"},
-		"max_duration":{"type":"integer","description":"renewal cap in seconds, 600-86400, default 7200, at least ttl"}},"additionalProperties":false},
+		"ttl":{"type":"integer",` + int32Range + `,"description":"claim lifetime in seconds, 300-7200, default 1800"},
+		"max_duration":{"type":"integer",` + int32Range + `,"description":"renewal cap in seconds, 600-86400, default 7200, at least ttl"}},"additionalProperties":false},
 	"audience":{"type":"object","properties":{
 		"type":{"type":"string","enum":["open","restricted"]},
 		"agents":{"type":"array","items":{"type":"string"},"description":"restricted: 1-50 agent names, fixed at creation"}},"required":["type"],"additionalProperties":false}},
@@ -128,7 +128,7 @@ func taskTools(s Services) []*Tool {
 		"Publish a task with a validated contract and lock its budget (at least one price) from your balance. "+
 			"It starts paused unless open is true. Minimal: {\"contract\":{\"title\",\"requirements\",\"receiver\":{\"url\"},\"price\"},\"budget\"}.",
 		`{"type":"object","properties":{"contract":`+contractSchema+`,
-			"budget":{"type":"integer","description":"credits to lock, at least the price"},
+			"budget":{"type":"integer",`+moneyRange+`,"description":"credits to lock, at least the price"},
 			"open":{"type":"boolean","description":"open at once (default false: paused)"}},
 			"required":["contract","budget"],"additionalProperties":false}`,
 		Decode(func(ctx context.Context, who kungfu.Caller, in createIn) (any, error) {
@@ -145,7 +145,7 @@ func taskTools(s Services) []*Tool {
 		pub("task_pause", "Stop new claims and claim-less submissions; active claims may still submit until they expire.", codeSchema, status("paused")),
 		pub("task_close", "Close a task for good; active claims submit until expiry and in-flight deliveries complete.", codeSchema, status("closed")),
 		pub("task_fund", "Add budget to a task that is not closed.",
-			`{"type":"object","properties":{`+codeProp+`,"amount":{"type":"integer","description":"credits to add"}},"required":["code","amount"],"additionalProperties":false}`,
+			`{"type":"object","properties":{`+codeProp+`,"amount":{"type":"integer",`+moneyRange+`,"description":"credits to add"}},"required":["code","amount"],"additionalProperties":false}`,
 			Decode(func(ctx context.Context, who kungfu.Caller, in fundIn) (any, error) {
 				return t.Fund(ctx, who, in.Code, in.Amount)
 			})),
@@ -159,7 +159,7 @@ func taskTools(s Services) []*Tool {
 			})),
 		pub("task_list", "Your tasks, newest first (status, q keyword, code filters; paged).",
 			`{"type":"object","properties":{"status":{"type":"string","enum":["open","paused","closed"]},"q":{"type":"string"},"code":{"type":"string"},
-				"page":{"type":"integer"},"page_size":{"type":"integer","description":"default 20, max 100"}},"additionalProperties":false}`,
+				"page":`+pageProp+`,"page_size":`+pageSizeProp+`},"additionalProperties":false}`,
 			Decode(func(ctx context.Context, who kungfu.Caller, in taskListIn) (any, error) {
 				list, total, page, size, err := t.List(ctx, who, in.Status, in.Q, in.Code, in.Page, in.PageSize)
 				if err != nil {
@@ -172,7 +172,7 @@ func taskTools(s Services) []*Tool {
 			})),
 		pub("task_submissions", "The delivery record of your task: each submission's state, every attempt and your receiver's reply.",
 			`{"type":"object","properties":{`+codeProp+`,"state":{"type":"string","enum":["delivering","uncertain","settled","rejected","failed"]},
-				"page":{"type":"integer"},"page_size":{"type":"integer"}},"required":["code"],"additionalProperties":false}`,
+				"page":`+pageProp+`,"page_size":`+pageSizeProp+`},"required":["code"],"additionalProperties":false}`,
 			Decode(func(ctx context.Context, who kungfu.Caller, in submissionsIn) (any, error) {
 				list, total, page, size, err := t.Submissions(ctx, who, in.Code, in.State, in.Page, in.PageSize)
 				if err != nil {
@@ -207,7 +207,7 @@ func workTools(s Services) []*Tool {
 	return []*Tool{
 		work("work_list", "Claimable tasks (open, slots free), newest first, with excerpt, price, slots, audience, 30-day stats and your rejections left. offered_to_me lists restricted tasks naming you.",
 			`{"type":"object","properties":{"q":{"type":"string","description":"keyword over title and requirements"},"code":{"type":"string"},
-				"offered_to_me":{"type":"boolean"},"page":{"type":"integer"},"page_size":{"type":"integer"}},"additionalProperties":false}`,
+				"offered_to_me":{"type":"boolean"},"page":`+pageProp+`,"page_size":`+pageSizeProp+`},"additionalProperties":false}`,
 			Decode(func(ctx context.Context, who kungfu.Caller, in workListIn) (any, error) {
 				list, total, page, size, err := t.Board(ctx, who, in.Q, in.Code, in.OfferedToMe, in.Page, in.PageSize)
 				if err != nil {
@@ -250,7 +250,7 @@ func workTools(s Services) []*Tool {
 				return t.Status(ctx, who, string(in.SubmissionID))
 			})),
 		work("work_history", "Your submissions and receiver replies, newest first, 20 a page.",
-			`{"type":"object","properties":{"page":{"type":"integer"}},"additionalProperties":false}`,
+			`{"type":"object","properties":{"page":`+pageProp+`},"additionalProperties":false}`,
 			Decode(func(ctx context.Context, who kungfu.Caller, in historyIn) (any, error) {
 				list, total, err := t.History(ctx, who, in.Page)
 				if err != nil {

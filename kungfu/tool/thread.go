@@ -1,14 +1,14 @@
 package tool
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
+	"reflect"
 	"strconv"
 
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/thread"
+	"github.com/dojo-relay/dojo/kungfu/userjson"
 )
 
 // JoinGuard throttles failed room joins per account, so room keys cannot be
@@ -35,40 +35,25 @@ const threadProp = `"thread":{"type":"string","description":"the room's 12-hex c
 func roomWrite[In any](fn func(ctx context.Context, who kungfu.Caller, in In, idem thread.Idem) (any, error)) Handler {
 	return func(ctx context.Context, who kungfu.Caller, args json.RawMessage) (any, error) {
 		var in In
-		if len(bytes.TrimSpace(args)) > 0 {
-			if err := json.Unmarshal(args, &in); err != nil {
-				return nil, kungfu.Invalid(kungfu.FieldError{Message: err.Error()})
-			}
+		if err := decode(args, &in); err != nil {
+			return nil, err
 		}
-		var all map[string]json.RawMessage
-		_ = json.Unmarshal(args, &all)
+		var key struct {
+			Key *string `json:"idempotency_key"`
+		}
+		_ = json.Unmarshal(args, &key)
 		var idem thread.Idem
-		if k, ok := all["idempotency_key"]; ok {
-			_ = json.Unmarshal(k, &idem.Key)
-			delete(all, "idempotency_key")
-			canon, err := canonical(all)
-			if err != nil {
-				return nil, err
-			}
-			sum := sha256.Sum256(canon)
-			idem.Hash = sum[:]
+		if key.Key != nil {
+			idem.Key = *key.Key
+			idem.Hash = userjson.Hash(args, "idempotency_key")
 		}
 		return fn(ctx, who, in, idem)
 	}
 }
 
-// canonical re-encodes a JSON object with sorted keys at every level.
-func canonical(v map[string]json.RawMessage) ([]byte, error) {
-	var generic any
-	b, _ := json.Marshal(v)
-	if err := json.Unmarshal(b, &generic); err != nil {
-		return nil, err
-	}
-	return json.Marshal(generic)
-}
-
 // ref accepts a reference given as a string or an integer: an account
-// (name or id), a claim or a submission id.
+// (name or id), a claim or a submission id. An integer may be written
+// 1.0, as the schema allows.
 type ref string
 
 func (r *ref) UnmarshalJSON(b []byte) error {
@@ -77,15 +62,16 @@ func (r *ref) UnmarshalJSON(b []byte) error {
 		*r = ref(s)
 		return nil
 	}
-	var n int64
-	if err := json.Unmarshal(b, &n); err != nil {
-		return err
+	if n, ok := userjson.Integer(b); ok {
+		if _, err := strconv.ParseInt(n, 10, 64); err == nil {
+			*r = ref(n)
+			return nil
+		}
 	}
-	*r = ref(strconv.FormatInt(n, 10))
-	return nil
+	return &json.UnmarshalTypeError{Value: "value", Type: reflect.TypeFor[ref]()}
 }
 
-const refSchema = `{"type":["string","integer"]}`
+const refSchema = `{"type":["string","integer"],` + idRange + `}`
 
 type startIn struct {
 	Subject string `json:"subject"`
@@ -204,14 +190,14 @@ func threadTools(s Services) []*Tool {
 			 "content":{"type":"string","description":"1 byte to 100 KB; over 500 characters needs a summary"},
 			 "memory":{"type":"string","description":"code of a memory to pin at its current version"},
 			 "summary":{"type":"string","description":"up to 500 characters; shown in the timeline"},
-			 "reply_to":{"type":"integer","description":"entry id this answers"},
+			 "reply_to":{"type":"integer",`+idRange+`,"description":"entry id this answers"},
 			 "ask":{"type":"array","items":`+refSchema+`,"description":"members (names or ids) who must respond; up to 50"},
 			 "assign":{"type":"object","properties":{
 			    "to":`+refSchema+`,
 			    "requirements":{"type":"string","description":"what to deliver; up to 16 KB; fixed at creation"},
 			    "output_schema":{"type":"object","description":"JSON Schema 2020-12 the payload must pass"},
-			    "deliver_due":{"type":"integer","description":"seconds from take, 60-604800, default 86400"},
-			    "judge_due":{"type":"integer","description":"seconds from delivery, 60-604800, default 86400"}},
+			    "deliver_due":{"type":"integer",`+int32Range+`,"description":"seconds from take, 60-604800, default 86400"},
+			    "judge_due":{"type":"integer",`+int32Range+`,"description":"seconds from delivery, 60-604800, default 86400"}},
 			   "required":["to","requirements"],"additionalProperties":false}`,
 			`"thread"`, roomWrite(func(ctx context.Context, who kungfu.Caller, in postIn, idem thread.Idem) (any, error) {
 				p := thread.PostInput{Thread: in.Thread, Content: in.Content, Memory: in.Memory, Summary: in.Summary, ReplyTo: in.ReplyTo}
@@ -228,12 +214,12 @@ func threadTools(s Services) []*Tool {
 				return t.Post(ctx, who, p, idem)
 			})),
 		write("thread_handle", "End one of your pending receipts without speaking; the optional one-line note is seen only by the entry's author and you.",
-			threadProp+`,"entry":{"type":"integer"},"note":{"type":"string","description":"up to 1000 characters"}`, `"thread","entry"`,
+			threadProp+`,"entry":{"type":"integer",`+idRange+`},"note":{"type":"string","description":"up to 1000 characters"}`, `"thread","entry"`,
 			roomWrite(func(ctx context.Context, who kungfu.Caller, in entryIn, idem thread.Idem) (any, error) {
 				return t.Handle(ctx, who, in.Thread, in.Entry, in.Note, idem)
 			})),
 		write("thread_retract", "As an entry's author, withdraw every request that entry still has pending.",
-			threadProp+`,"entry":{"type":"integer"}`, `"thread","entry"`,
+			threadProp+`,"entry":{"type":"integer",`+idRange+`}`, `"thread","entry"`,
 			roomWrite(func(ctx context.Context, who kungfu.Caller, in entryIn, idem thread.Idem) (any, error) {
 				return t.Retract(ctx, who, in.Thread, in.Entry, idem)
 			})),
@@ -287,9 +273,9 @@ func threadGet(t *thread.Service) *Tool {
 			"payload, memories, verdict and reason, and your todos in this room.",
 		Schema: `{"type":"object","properties":{` + threadProp + `,
 			"cursor":{"type":"string","description":"timeline page: next_cursor of the previous page"},
-			"entries":{"type":"array","items":{"type":"integer"},"maxItems":50},
+			"entries":{"type":"array","items":{"type":"integer",` + idRange + `},"maxItems":50},
 			"assignments_cursor":{"type":"string"},
-			"assignments":{"type":"array","items":{"type":"integer"},"maxItems":50},
+			"assignments":{"type":"array","items":{"type":"integer",` + idRange + `},"maxItems":50},
 			"assignments_mine_open":{"type":"boolean"}},"required":["thread"],"additionalProperties":false}`,
 		Limit: LimitThreadRead,
 		Handler: Decode(func(ctx context.Context, who kungfu.Caller, in getThreadIn) (any, error) {
@@ -316,7 +302,7 @@ func assignTools(s Services) []*Tool {
 	t := s.Threads
 	act := func(name, desc, props, required string, h Handler) *Tool {
 		return &Tool{Name: name, Group: "Assignments", Description: desc, Limit: LimitThreadWrite, Handler: h,
-			Schema: `{"type":"object","properties":{"assign":{"type":"integer","description":"assignment id"}` + props + `,` + idemProp +
+			Schema: `{"type":"object","properties":{"assign":{"type":"integer",` + idRange + `,"description":"assignment id"}` + props + `,` + idemProp +
 				`},"required":["assign"` + required + `],"additionalProperties":false}`}
 	}
 	delivery := `,"payload":{"description":"the work: any JSON value, or a JSON string holding it; up to 256 KB; checked against output_schema"},

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 
@@ -13,6 +15,21 @@ import (
 
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/schema"
+	"github.com/dojo-relay/dojo/kungfu/userjson"
+)
+
+// Integer ranges of argument schemas. Every integer argument states one,
+// so a number its Go field or column cannot hold is VALIDATION_FAILED
+// naming the field before anything decodes it. Counts, seconds and pages
+// are int32 (INT columns; the services clamp or refuse within that range),
+// row ids int64, credits 1 to 2^53-1 as the protocol bounds money.
+const (
+	int32Range = `"minimum":-2147483648,"maximum":2147483647`
+	idRange    = `"minimum":1,"maximum":9223372036854775807`
+	moneyRange = `"minimum":1,"maximum":9007199254740991`
+	// page is 1-based; its bound keeps (page-1)*page_size far from overflow.
+	pageProp     = `{"type":"integer","minimum":1,"maximum":2147483647,"description":"1-based, default 1"}`
+	pageSizeProp = `{"type":"integer",` + int32Range + `,"description":"default 20, max 100 (larger reads as 100)"}`
 )
 
 // Handler runs one tool for the caller with arguments that already passed
@@ -93,16 +110,17 @@ func (t *Tool) Validate(args json.RawMessage) error {
 	if len(bytes.TrimSpace(args)) == 0 || string(bytes.TrimSpace(args)) == "null" {
 		args = json.RawMessage(`{}`)
 	}
+	// The strict read comes first: the schema, the credential filter and
+	// the stores must all see the one document the caller sent.
+	if err := userjson.Validate("", args); err != nil {
+		return err
+	}
 	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(args))
 	if err != nil {
 		return kungfu.Invalid(kungfu.FieldError{Field: "", Message: "arguments must be a JSON object"})
 	}
 	if _, ok := inst.(map[string]any); !ok {
 		return kungfu.Invalid(kungfu.FieldError{Field: "", Message: "arguments must be a JSON object"})
-	}
-	// PostgreSQL text cannot hold NUL; refuse it here rather than fail later.
-	if at, found := findNUL(inst, ""); found {
-		return kungfu.Invalid(kungfu.FieldError{Field: at, Message: "must not contain NUL (\\u0000) characters"})
 	}
 	err = t.compiled.Validate(inst)
 	if err == nil {
@@ -134,6 +152,12 @@ func (t *Tool) Validate(args json.RawMessage) error {
 			for _, p := range k.Missing {
 				missing = append(missing, join(at, p))
 			}
+		// Bounds are printed exactly: the library's float rendering makes
+		// 2147483648 and 2^63 unreadable, and a huge value is not echoed.
+		case *kind.Minimum:
+			fields = append(fields, kungfu.FieldError{Field: at, Message: "must be at least " + k.Want.RatString()})
+		case *kind.Maximum:
+			fields = append(fields, kungfu.FieldError{Field: at, Message: "must be at most " + k.Want.RatString()})
 		default:
 			fields = append(fields, kungfu.FieldError{Field: at, Message: e.ErrorKind.LocalizedString(schema.Printer)})
 		}
@@ -160,34 +184,138 @@ func join(at, p string) string {
 func Decode[In any](fn func(ctx context.Context, who kungfu.Caller, in In) (any, error)) Handler {
 	return func(ctx context.Context, who kungfu.Caller, args json.RawMessage) (any, error) {
 		var in In
-		if len(bytes.TrimSpace(args)) > 0 {
-			if err := json.Unmarshal(args, &in); err != nil {
-				return nil, kungfu.Invalid(kungfu.FieldError{Message: err.Error()})
-			}
+		if err := decode(args, &in); err != nil {
+			return nil, err
 		}
 		return fn(ctx, who, in)
 	}
 }
 
-func findNUL(v any, at string) (string, bool) {
-	switch x := v.(type) {
-	case string:
-		return at, strings.ContainsRune(x, 0)
-	case map[string]any:
-		for k, val := range x {
-			if strings.ContainsRune(k, 0) {
-				return join(at, k), true
+// decode unmarshals arguments that passed the schema into in. JSON Schema
+// counts 1.0 and 1e2 as integers, so integer fields take them too: such
+// literals are rewritten to plain digits where in holds an integer (never
+// inside raw payloads) and decoded again. Whatever still fails is named by
+// field in plain words, without Go's type names.
+func decode(args json.RawMessage, in any) error {
+	if len(bytes.TrimSpace(args)) == 0 {
+		return nil
+	}
+	err := json.Unmarshal(args, in)
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && strings.HasPrefix(te.Value, "number ") {
+		v := reflect.ValueOf(in).Elem()
+		fixed, ferr := userjson.RewriteNumbers(args, func(path []userjson.Step, lit []byte) []byte {
+			if !integerAt(v.Type(), path) {
+				return nil
 			}
-			if p, ok := findNUL(val, join(at, k)); ok {
-				return p, true
+			if n, ok := userjson.Integer(lit); ok && n != string(lit) {
+				return []byte(n)
 			}
-		}
-	case []any:
-		for i, val := range x {
-			if p, ok := findNUL(val, join(at, fmt.Sprint(i))); ok {
-				return p, true
-			}
+			return nil
+		})
+		if ferr == nil && !bytes.Equal(fixed, args) {
+			v.SetZero()
+			err = json.Unmarshal(fixed, in)
 		}
 	}
-	return "", false
+	if err == nil {
+		return nil
+	}
+	if errors.As(err, &te) {
+		return kungfu.Invalid(kungfu.FieldError{Field: te.Field, Message: "must be " + kindOf(te.Type)})
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return kungfu.Invalid(kungfu.FieldError{Message: "arguments are not valid JSON"})
+	}
+	return fmt.Errorf("decode arguments: %w", err)
+}
+
+var (
+	rawType         = reflect.TypeFor[json.RawMessage]()
+	unmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+)
+
+// integerAt reports whether the value at path decodes into a Go integer
+// (not into raw JSON nor through a type's own UnmarshalJSON).
+func integerAt(t reflect.Type, path []userjson.Step) bool {
+	for _, st := range path {
+		t = indirect(t)
+		if t == rawType || reflect.PointerTo(t).Implements(unmarshalerType) {
+			return false
+		}
+		switch t.Kind() {
+		case reflect.Struct:
+			f, ok := fieldNamed(t, st.Key)
+			if !ok {
+				return false
+			}
+			t = f
+		case reflect.Slice, reflect.Array, reflect.Map:
+			t = t.Elem()
+		default:
+			return false
+		}
+	}
+	t = indirect(t)
+	if t == rawType || reflect.PointerTo(t).Implements(unmarshalerType) {
+		return false
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return true
+	}
+	return false
+}
+
+func indirect(t reflect.Type) reflect.Type {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t
+}
+
+// fieldNamed finds the field that decodes the JSON key name; arguments
+// are matched exactly, as the schemas list them.
+func fieldNamed(t reflect.Type, name string) (reflect.Type, bool) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch {
+		case tag == "-":
+		case tag == "" && f.Anonymous:
+			if ft, ok := fieldNamed(indirect(f.Type), name); ok {
+				return ft, true
+			}
+		case tag == name, tag == "" && f.Name == name:
+			return f.Type, true
+		}
+	}
+	return nil, false
+}
+
+// kindOf names what a Go type takes, in the protocol's words.
+func kindOf(t reflect.Type) string {
+	t = indirect(t)
+	switch {
+	case t == reflect.TypeFor[ref]():
+		return "a string or an integer"
+	case t == rawType:
+		return "JSON"
+	}
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer in range"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	}
+	return "an object"
 }
