@@ -3,7 +3,12 @@
 // of README's test command, so every user-JSON entry point is fuzzed on
 // each CI run and not only replayed from its seed corpus.
 //
-// Usage: go run ./cmd/fuzz [-time 5s] [-run REGEXP]
+// Each target runs for a number of executions, not for a duration: Go 1.26's
+// fuzz coordinator can report a spurious "context deadline exceeded" when a
+// -fuzztime duration ends while a worker is busy (go.dev/issue/75804), and a
+// count never meets that deadline. -timeout still bounds a run that hangs.
+//
+// Usage: go run ./cmd/fuzz [-execs N] [-run REGEXP]
 package main
 
 import (
@@ -23,7 +28,8 @@ import (
 var fuzzFunc = regexp.MustCompile(`^func (Fuzz\w+)\(\w+ \*testing\.F\)`)
 
 func main() {
-	d := flag.Duration("time", 5*time.Second, "how long to fuzz each target")
+	execs := flag.Int("execs", 30000, "how many inputs to try per target")
+	timeout := flag.Duration("timeout", 5*time.Minute, "give up on a target after this long")
 	run := flag.String("run", "", "only targets whose name matches this regexp")
 	flag.Parse()
 	var only *regexp.Regexp
@@ -42,8 +48,9 @@ func main() {
 			continue
 		}
 		ran++
-		fmt.Printf("fuzz: %s in ./%s for %s\n", t.name, t.dir, *d)
-		cmd := exec.Command("go", "test", "-run", "^$", "-fuzz", "^"+t.name+"$", "-fuzztime", d.String(), "./"+t.dir)
+		fmt.Printf("fuzz: %s in ./%s, %d inputs\n", t.name, t.dir, *execs)
+		cmd := exec.Command("go", "test", "-run", "^$", "-fuzz", "^"+t.name+"$",
+			"-fuzztime", fmt.Sprintf("%dx", *execs), "-timeout", timeout.String(), "./"+t.dir)
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Run(); err != nil {
 			failed++

@@ -41,7 +41,9 @@ func FuzzStrict(f *testing.F) {
 		runtime.ReadMemStats(&before)
 		err := Check(doc)
 		runtime.ReadMemStats(&after)
-		if grew := after.TotalAlloc - before.TotalAlloc; grew > uint64(16*len(doc)+64<<10) {
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > uint64(32*len(doc)+1<<20) {
+			// TotalAlloc is per process and the fuzzing engine allocates beside
+			// Check, so the bound is loose; a runaway parse needs far more.
 			t.Fatalf("Check of %d bytes allocated %d bytes", len(doc), grew)
 		}
 		valid := json.Valid(doc)
