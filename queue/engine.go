@@ -343,7 +343,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	var wg sync.WaitGroup
 	for _, l := range loops {
-		wg.Go(func() { e.every(ctx, l) })
+		wg.Go(func() { e.every(ctx, l, logger.r) })
 	}
 	<-ctx.Done()
 	stop()
@@ -351,12 +351,17 @@ func (e *Engine) Run(ctx context.Context) error {
 	return nil
 }
 
-func (e *Engine) every(ctx context.Context, l loop) {
+// every runs one loop. A failure that repeats (Redis down fails every
+// sweep) is held back like asynq's own: one line per job, then growing
+// gaps, keyed by the job and not by the error, whose text names rows.
+func (e *Engine) every(ctx context.Context, l loop, r *repeats) {
 	t := time.NewTicker(l.interval)
 	defer t.Stop()
 	for {
 		if err := l.fn(ctx); err != nil && ctx.Err() == nil {
-			e.log.Warn("periodic job failed", "job", l.name, "err", err)
+			if ok, held := r.admit("periodic job failed: " + l.name); ok {
+				e.log.Warn("periodic job failed", "job", l.name, "err", err, "held_back", held)
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -1,9 +1,12 @@
 package queue_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -193,4 +196,48 @@ func TestEngineErrors(t *testing.T) {
 	if err := e.Run(ctx); err == nil {
 		t.Error("Run with unreachable Redis returned nil")
 	}
+}
+
+// TestEveryHoldsBackRepeats: while Redis is down every sweep fails, and
+// each failure used to be one warning per sweep for the whole outage.
+func TestEveryHoldsBackRepeats(t *testing.T) {
+	t.Parallel()
+	var buf syncBuffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	e, err := queue.NewEngine(kungfutest.RedisURL(), kungfutest.Queue(t), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	var n atomic.Int32
+	e.Every("sweep", 20*time.Millisecond, func(ctx context.Context) error {
+		n.Add(1)
+		return fmt.Errorf("enqueue row %d: redis down", n.Load())
+	})
+	run(t, e)
+	eventually(t, 10*time.Second, "60 failed sweeps", func() bool { return n.Load() >= 60 })
+	lines := strings.Count(buf.String(), "periodic job failed")
+	// 60 sweeps at 20 ms take at least 1.2 s: logged at 0 s and 1 s, maybe
+	// at 3 s on a slow machine; never once per sweep.
+	if lines < 1 || lines > 3 {
+		t.Fatalf("%d warnings for %d failed sweeps:\n%s", lines, n.Load(), buf.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the engine's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

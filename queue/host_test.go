@@ -80,9 +80,9 @@ func TestHostTurns(t *testing.T) {
 
 	a.Done(context.Background(), queue.Answered)
 	a.Done(context.Background(), queue.Answered) // a second Done frees nothing more
-	mustTake(t, two, url, 300*time.Millisecond)  // never given back
+	mustTake(t, two, url, time.Second) // never given back
 	mustDefer(t, one, url)
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(1200 * time.Millisecond)
 	mustTake(t, one, url, time.Minute) // its lease expired
 
 	// Without Hosts there are no turns and nothing is refused.
@@ -101,7 +101,8 @@ func TestHostClosesAfterTimeouts(t *testing.T) {
 	t.Parallel()
 	base := kungfutest.Queue(t)
 	h := engineOn(t, base).Hosts()
-	h.Limit, h.Trip, h.Cooldown, h.MaxCooldown, h.Busy = 3, 2, 300*time.Millisecond, 500*time.Millisecond, 10*time.Millisecond
+	// Pauses of a second leave room for a loaded machine between steps.
+	h.Limit, h.Trip, h.Cooldown, h.MaxCooldown, h.Busy = 3, 2, time.Second, 1600*time.Millisecond, 10*time.Millisecond
 	ctx := context.Background()
 	const url = "https://slow.example.com/"
 	mustTake(t, h, url, time.Minute).Done(ctx, queue.TimedOut)
@@ -109,7 +110,7 @@ func TestHostClosesAfterTimeouts(t *testing.T) {
 	mustTake(t, h, url, time.Minute).Done(ctx, queue.TimedOut)
 
 	d := mustDefer(t, h, url)
-	if d.After < 200*time.Millisecond || d.After > 320*time.Millisecond || !strings.Contains(d.Why, "closed") {
+	if d.After < 500*time.Millisecond || d.After > 1020*time.Millisecond || !strings.Contains(d.Why, "closed") {
 		t.Fatalf("closed host: %+v", d)
 	}
 	// Another process sees it closed too.
@@ -123,8 +124,8 @@ func TestHostClosesAfterTimeouts(t *testing.T) {
 	}
 	probe.Done(ctx, queue.TimedOut)
 	d = mustDefer(t, h, url)
-	if d.After < 400*time.Millisecond || d.After > 520*time.Millisecond {
-		t.Fatalf("second pause %v, want 500ms (doubled, capped)", d.After)
+	if d.After < 1100*time.Millisecond || d.After > 1620*time.Millisecond {
+		t.Fatalf("second pause %v, want 1.6s (doubled, capped)", d.After)
 	}
 	time.Sleep(d.After)
 	mustTake(t, h, url, time.Minute).Done(ctx, queue.Answered)
@@ -140,7 +141,7 @@ func TestHostClosesAfterTimeouts(t *testing.T) {
 func TestHostJoin(t *testing.T) {
 	t.Parallel()
 	h := engineOn(t, kungfutest.Queue(t)).Hosts()
-	h.Limit, h.Trip, h.Cooldown, h.Busy = 1, 1, 300*time.Millisecond, 10*time.Millisecond
+	h.Limit, h.Trip, h.Cooldown, h.Busy = 1, 1, time.Second, 10*time.Millisecond
 	ctx := context.Background()
 	const url = "https://a.example.com/"
 	first := mustTake(t, h, url, time.Minute)
@@ -153,12 +154,12 @@ func TestHostJoin(t *testing.T) {
 	second, _ := h.Join(ctx, url, time.Minute, 5*time.Second)
 	mustDefer(t, h, url) // background work defers to the joined delivery
 
-	second.Done(ctx, queue.TimedOut) // closed for 300ms
+	second.Done(ctx, queue.TimedOut) // closed for 1s
 	start := time.Now()
-	if _, err := h.Join(ctx, url, time.Minute, 5*time.Second); !errors.As(err, new(*queue.Deferred)) || time.Since(start) > 200*time.Millisecond {
+	if _, err := h.Join(ctx, url, time.Minute, 5*time.Second); !errors.As(err, new(*queue.Deferred)) || time.Since(start) > 900*time.Millisecond {
 		t.Fatalf("Join at a closed host: %v after %v", err, time.Since(start))
 	}
-	time.Sleep(350 * time.Millisecond)
+	time.Sleep(1050 * time.Millisecond)
 	probe := mustTake(t, h, url, time.Minute)
 	time.AfterFunc(300*time.Millisecond, func() { probe.Done(ctx, queue.Answered) })
 	start = time.Now()

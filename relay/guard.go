@@ -39,13 +39,18 @@ func newGuard(publicURL string) *guard {
 }
 
 // check refuses a request whose Host or Origin says it was not meant for
-// this server. Requests without Origin or Sec-Fetch-Site (agents, curl) are
-// not browsers' and pass the origin check.
+// this server. Host must be this server's name (loopback, or the host of
+// DOJO_PUBLIC_URL) whenever the socket is loopback or a browser sent the
+// request: a rebinding page makes Origin and Host agree on the attacker's
+// name, so only Host itself can tell, on any socket (a container's, a
+// LAN's). Requests without Origin or Sec-Fetch-Site (agents, curl) are not
+// browsers' and reach a non-loopback socket under any name.
 func (g *guard) check(r *http.Request) *kungfu.Error {
-	if local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok && local != nil {
-		if loopbackHost(local.String()) && !loopbackHost(r.Host) && strings.ToLower(r.Host) != g.publicHost {
-			return kungfu.Errorf(kungfu.CodeForbiddenOrigin, "Host %q is not this server's name", r.Host)
-		}
+	browser := r.Header.Get("Origin") != "" || r.Header.Get("Sec-Fetch-Site") != ""
+	local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	onLoopback := local != nil && loopbackHost(local.String())
+	if (onLoopback || browser) && !loopbackHost(r.Host) && strings.ToLower(r.Host) != g.publicHost {
+		return kungfu.Errorf(kungfu.CodeForbiddenOrigin, "Host %q is not this server's name", r.Host)
 	}
 	if err := g.origin.Check(r); err != nil {
 		return kungfu.Errorf(kungfu.CodeForbiddenOrigin, "cross-origin request refused: Origin %q is not this server", r.Header.Get("Origin"))

@@ -175,13 +175,13 @@ func TestLoopbackUnlimited(t *testing.T) {
 // DOJO_DB_MAX_CONNS or pool_max_conns set it.
 func TestPoolSize(t *testing.T) {
 	t.Parallel()
-	if got := start(t).App.DB.Config().MaxConns; got != relay.DefaultDBMaxConns() || got < 16 {
+	if got := start(t, func(o *relay.Options) { o.DBMaxConns = 0 }).App.DB.Config().MaxConns; got != relay.DefaultDBMaxConns() || got < 16 {
 		t.Fatalf("default pool: %d connections, want %d (at least 16)", got, relay.DefaultDBMaxConns())
 	}
 	if got := start(t, func(o *relay.Options) { o.DBMaxConns = 7 }).App.DB.Config().MaxConns; got != 7 {
 		t.Fatalf("DBMaxConns 7: %d", got)
 	}
-	if got := start(t, func(o *relay.Options) { o.DatabaseURL += "&pool_max_conns=5" }).App.DB.Config().MaxConns; got != 5 {
+	if got := start(t, func(o *relay.Options) { o.DatabaseURL += "&pool_max_conns=5"; o.DBMaxConns = 0 }).App.DB.Config().MaxConns; got != 5 {
 		t.Fatalf("pool_max_conns=5: %d", got)
 	}
 }
@@ -195,5 +195,20 @@ func TestAccountIDNamedAlike(t *testing.T) {
 	st := d.call(t, r.str("api_key"), "account_status", map[string]any{})
 	if r.num("bot_id") == 0 || r.num("bot_id") != st.num("bot_id") || r.Body["account_id"] != nil {
 		t.Fatalf("register %s, status %s", r.Raw, st.Raw)
+	}
+}
+
+// TestOwnerKeyFormText: the form-encoded /owner/key path skipped the strict
+// JSON reader, so a NUL or an invalid UTF-8 byte in a form value reached
+// PostgreSQL and came back as a 500.
+func TestOwnerKeyFormText(t *testing.T) {
+	t.Parallel()
+	d := start(t)
+	for _, body := range []string{"name=ab%00cd&password=secret1", "name=ab%FFcd&password=secret1", "name=abcdef&password=se%00cret"} {
+		r := post(t, d.URL+"/owner/key", "", []byte(body), "Content-Type", "application/x-www-form-urlencoded")
+		expect(t, r, http.StatusUnprocessableEntity, "VALIDATION_FAILED")
+		if !strings.Contains(r.Raw, "without NUL") {
+			t.Fatalf("%s: %s", body, r.Raw)
+		}
 	}
 }

@@ -69,6 +69,11 @@ func startOn(t testing.TB, dsn, prefix string, opts ...option) *dojo {
 		BcryptCost:     bcrypt.MinCost,
 		Log:            slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
+	if _, bench := t.(*testing.B); !bench {
+		// Many servers share one PostgreSQL during a parallel test run;
+		// benchmarks keep the production sizing.
+		o.DBMaxConns = 4
+	}
 	for _, f := range opts {
 		f(&o)
 	}

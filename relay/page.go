@@ -11,6 +11,7 @@ import (
 	"path"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/dojo-relay/dojo/docs"
 	"github.com/dojo-relay/dojo/kungfu"
@@ -181,6 +182,14 @@ func (s *Server) serveOwnerKey(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		in.Name, in.Password = vals.Get("name"), vals.Get("password")
+		// Form values are text a stranger chose, as JSON strings are:
+		// PostgreSQL would refuse invalid UTF-8 or NUL with a 500.
+		for field, v := range map[string]string{"name": in.Name, "password": in.Password} {
+			if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+				writeEnvelope(w, refusal(kungfu.Invalid(kungfu.FieldError{Field: field, Message: "must be UTF-8 text without NUL characters"})))
+				return
+			}
+		}
 	} else if err := userjson.Validate("", body); err != nil {
 		writeEnvelope(w, s.fail(r.Context(), "owner_key", err))
 		return

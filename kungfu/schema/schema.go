@@ -98,12 +98,8 @@ func Load(raw []byte) (*Schema, error) {
 	if re.err != nil {
 		return nil, re.err
 	}
-	var load *jsonschema.LoadURLError
-	if errors.As(err, &load) {
-		return nil, errors.New("external $ref is not allowed; inline every definition")
-	}
 	if err != nil {
-		return nil, err
+		return nil, explain(err, doc)
 	}
 	return &Schema{sch: sch, bound: g.bounds(MaxDepth), keys: g.keys, uneval: g.uneval}, nil
 }
@@ -221,3 +217,57 @@ func Pointer(loc []string) string {
 	}
 	return b.String()
 }
+
+// explain turns the library's compile errors into a sentence about the
+// user's own document: JSON Pointers into it rather than Dojo's internal
+// base URL, and no quoting of the library's metaschema URLs.
+func explain(err error, doc any) error {
+	var (
+		load    *jsonschema.LoadURLError
+		meta    *jsonschema.SchemaValidationError
+		anchor  *jsonschema.AnchorNotFoundError
+		pointer *jsonschema.JSONPointerNotFoundError
+		draft   *jsonschema.UnsupportedDraftError
+		vocab   *jsonschema.UnsupportedVocabularyError
+	)
+	switch {
+	case errors.As(err, &load):
+		if m, _ := doc.(map[string]any); m != nil && m["$schema"] == load.URL {
+			return errors.New("$schema names a dialect Dojo does not know; use https://json-schema.org/draft/2020-12/schema or leave it out")
+		}
+		return errors.New("external $ref is not allowed; inline every definition")
+	case errors.As(err, &draft), errors.As(err, &vocab):
+		return errors.New("$schema names a dialect Dojo does not know; use https://json-schema.org/draft/2020-12/schema or leave it out")
+	case errors.As(err, &meta):
+		var verr *jsonschema.ValidationError
+		if errors.As(meta.Err, &verr) {
+			var out []string
+			var walk func(e *jsonschema.ValidationError)
+			walk = func(e *jsonschema.ValidationError) {
+				if len(e.Causes) == 0 && len(out) < 3 {
+					at := Pointer(e.InstanceLocation)
+					if at == "" {
+						at = "/"
+					}
+					out = append(out, at+": "+clip(e.ErrorKind.LocalizedString(Printer)))
+				}
+				for _, c := range e.Causes {
+					walk(c)
+				}
+			}
+			walk(verr)
+			if len(out) > 0 {
+				return errors.New("not a valid JSON Schema: " + strings.Join(out, "; "))
+			}
+		}
+		return errors.New("not a valid JSON Schema")
+	case errors.As(err, &anchor):
+		return fmt.Errorf("a reference names an anchor the schema does not define: %s", local(anchor.Reference))
+	case errors.As(err, &pointer):
+		return fmt.Errorf("a $ref points at nothing in the schema: %s", local(pointer.URL))
+	}
+	return errors.New(local(err.Error()))
+}
+
+// local strips the schema's internal base URL from a reference.
+func local(s string) string { return strings.ReplaceAll(s, base, "") }

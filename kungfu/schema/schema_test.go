@@ -42,3 +42,23 @@ func TestMismatch(t *testing.T) {
 		t.Fatalf("pointers %q", got)
 	}
 }
+
+// TestCompileErrorsSpeakOfTheDocument: compile errors used to quote the
+// library's internals (Dojo's base URL, metaschema URLs) and called an
+// unknown $schema an external $ref.
+func TestCompileErrorsSpeakOfTheDocument(t *testing.T) {
+	for _, c := range []struct{ schema, want string }{
+		{`{"type":"foo"}`, "not a valid JSON Schema: /type: "},
+		{`{"properties":{"a":{"minLength":-1}}}`, "/properties/a/minLength: "},
+		{`{"$dynamicRef":"#nope"}`, "anchor the schema does not define: #nope"},
+		{`{"$ref":"#/$defs/missing"}`, "points at nothing in the schema: #/$defs/missing"},
+		{`{"$schema":"https://example.com/my-dialect"}`, "$schema names a dialect Dojo does not know"},
+		{`{"$ref":"https://example.com/other.json"}`, "external $ref is not allowed"},
+	} {
+		_, err := Compile([]byte(c.schema))
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "dojo.invalid") ||
+			strings.Contains(err.Error(), "json-schema.org/draft/2020-12/meta") {
+			t.Errorf("%s: %v, want %q", c.schema, err, c.want)
+		}
+	}
+}

@@ -92,13 +92,12 @@ func stats(ctx context.Context, q querier, taskID int64, now time.Time, publishe
 	return st, nil
 }
 
-// checkContract validates a contract and resolves what it names: harness
+// checkContract resolves what a normalized contract names: harness
 // memories must be the publisher's own active ones, audience names must be
-// other existing accounts.
+// other existing accounts. Normalizing (and compiling output.schema, which
+// can take milliseconds) happens before the transaction, so no row lock
+// waits on it.
 func (s *Service) checkContract(ctx context.Context, tx pgx.Tx, who kungfu.Caller, c *Contract) ([]int64, error) {
-	if err := c.normalize(s.AllowHTTP); err != nil {
-		return nil, err
-	}
 	var errs []kungfu.FieldError
 	for i, ref := range c.HarnessRefs {
 		var ok bool
@@ -160,6 +159,9 @@ func insertVersion(ctx context.Context, tx pgx.Tx, taskID int64, n int, c Contra
 // the publisher's balance in the same transaction.
 func (s *Service) Create(ctx context.Context, who kungfu.Caller, c Contract, budget int64, open bool) (View, error) {
 	var out View
+	if err := c.normalize(s.AllowHTTP); err != nil {
+		return out, err
+	}
 	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 		audience, err := s.checkContract(ctx, tx, who, &c)
 		if err != nil {
@@ -209,6 +211,9 @@ func (s *Service) Create(ctx context.Context, who kungfu.Caller, c Contract, bud
 // version. Existing claims keep the version they bound.
 func (s *Service) Update(ctx context.Context, who kungfu.Caller, code string, c Contract) (View, error) {
 	var out View
+	if err := c.normalize(s.AllowHTTP); err != nil {
+		return out, err
+	}
 	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 		r, err := ownTask(ctx, tx, who, code, true)
 		if err != nil {
@@ -275,6 +280,8 @@ func (s *Service) SetStatus(ctx context.Context, who kungfu.Caller, code, to str
 			return invalidState(r, "a closed task stays closed")
 		}
 		if to == "open" {
+			// The stored contract was normalized when it was stored; only
+			// what it names can have changed since.
 			c := r.v.Contract
 			if _, err := s.checkContract(ctx, tx, who, &c); err != nil {
 				return err

@@ -78,27 +78,27 @@ SELECT * FROM (
           a.name AS author, e.summary, NULL::timestamptz AS due
    FROM thread_receipts r JOIN thread_entries e ON e.id = r.entry_id JOIN threads t ON t.id = r.thread_id
    JOIN accounts a ON a.id = e.author_id
-   WHERE r.account_id = $1 AND r.state = 'pending' AND (r.created_at, r.id) > ($3, $4) AND ($8 = 0 OR r.thread_id = $8)
+   WHERE r.account_id = $1 AND r.state = 'pending' AND (r.created_at, r.id) > ($3, $4) AND ($8::bigint = 0 OR r.thread_id = $8)
    ORDER BY r.created_at, r.id LIMIT $7)
   UNION ALL
   (SELECT s.taken_at, 2, s.id, t.code, s.entry_id, s.id, e.seq, c.name, e.summary, s.deliver_due_at
    FROM assigns s JOIN threads t ON t.id = s.thread_id JOIN thread_entries e ON e.id = s.entry_id
    JOIN accounts c ON c.id = s.creator_id
    WHERE s.assignee_id = $1 AND s.state = 'taken' AND s.deliver_due_at > $2 AND (s.taken_at, s.id) > ($3, $5)
-     AND ($8 = 0 OR s.thread_id = $8)
+     AND ($8::bigint = 0 OR s.thread_id = $8)
    ORDER BY s.taken_at, s.id LIMIT $7)
   UNION ALL
   (SELECT s.delivered_at, 3, s.id, t.code, s.entry_id, s.id, e.seq, x.name, e.summary, s.judge_due_at
    FROM assigns s JOIN threads t ON t.id = s.thread_id JOIN thread_entries e ON e.id = s.entry_id
    JOIN accounts x ON x.id = s.assignee_id
    WHERE s.creator_id = $1 AND s.state = 'delivered' AND s.judge_due_at > $2 AND s.judge_forfeited_at IS NULL
-     AND (s.delivered_at, s.id) > ($3, $6) AND ($8 = 0 OR s.thread_id = $8)
+     AND (s.delivered_at, s.id) > ($3, $6) AND ($8::bigint = 0 OR s.thread_id = $8)
    ORDER BY s.delivered_at, s.id LIMIT $7)
   UNION ALL
   (SELECT c.created_at, 4, c.id, t.code, NULL, NULL, NULL, p.name, v.title, c.expires_at
    FROM claims c JOIN tasks t ON t.id = c.task_id JOIN task_versions v ON v.task_id = c.task_id AND v.version = c.version
    JOIN accounts p ON p.id = t.publisher_id
-   WHERE c.account_id = $1 AND c.status = 'active' AND c.expires_at > $2 AND (c.created_at, c.id) > ($3, $9) AND $8 = 0
+   WHERE c.account_id = $1 AND c.status = 'active' AND c.expires_at > $2 AND (c.created_at, c.id) > ($3, $9) AND $8::bigint = 0
    ORDER BY c.created_at, c.id LIMIT $7)
 ) turn
 ORDER BY produced, branch, row_id

@@ -3,6 +3,7 @@ package tool
 import (
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -223,10 +224,17 @@ func FuzzToolArguments(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, which uint8, args []byte) {
 		tl := tools[int(which)%len(tools)]
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
 		began := time.Now()
 		err := tl.Validate(args)
 		if took := time.Since(began); took > 2*time.Second {
 			t.Fatalf("%s: Validate took %v", tl.Name, took)
+		}
+		// Per process, so loose: the fuzzing engine allocates beside it.
+		runtime.ReadMemStats(&after)
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > 64*uint64(len(args))+8<<20 {
+			t.Fatalf("%s: Validate of %d bytes allocated %d bytes", tl.Name, len(args), grew)
 		}
 		if err != nil {
 			e := kungfu.AsError(err)

@@ -135,12 +135,15 @@ func taskTools(s Services) []*Tool {
 			return t.Create(ctx, who, in.Contract, in.Budget, in.Open)
 		}))
 	create.Limit = LimitTaskCreate
-	return []*Tool{create,
-		pub("task_update", "Replace a paused task's contract WHOLE (omitted fields are deleted) as a new immutable contract_version; existing claims keep theirs. task_get first, edit, send the entire contract.",
-			`{"type":"object","properties":{`+codeProp+`,"contract":`+contractSchema+`},"required":["code","contract"],"additionalProperties":false}`,
-			Decode(func(ctx context.Context, who kungfu.Caller, in updateIn) (any, error) {
-				return t.Update(ctx, who, in.Code, in.Contract)
-			})),
+	// A revision compiles a schema like a creation does, so it shares the
+	// creation's budget.
+	update := pub("task_update", "Replace a paused task's contract WHOLE (omitted fields are deleted) as a new immutable contract_version; existing claims keep theirs. task_get first, edit, send the entire contract.",
+		`{"type":"object","properties":{`+codeProp+`,"contract":`+contractSchema+`},"required":["code","contract"],"additionalProperties":false}`,
+		Decode(func(ctx context.Context, who kungfu.Caller, in updateIn) (any, error) {
+			return t.Update(ctx, who, in.Code, in.Contract)
+		}))
+	update.Limit = LimitTaskCreate
+	return []*Tool{create, update,
 		pub("task_open", "Open a paused task (its contract and harness are validated again).", codeSchema, status("open")),
 		pub("task_pause", "Stop new claims and claim-less submissions; active claims may still submit until they expire.", codeSchema, status("paused")),
 		pub("task_close", "Close a task for good; active claims submit until expiry and in-flight deliveries complete.", codeSchema, status("closed")),
