@@ -12,6 +12,10 @@ type Caller struct {
 	AccountID int64
 	Name      string
 	IP        string
+	// Agent is the KarmaDue agent id whose Ed25519 signature authenticated
+	// this call ("" for a Bearer key): tools that act on the signing key
+	// itself (rotation, revocation) need to know which one.
+	Agent string
 }
 
 // Anonymous reports whether no account is acting.

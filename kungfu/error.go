@@ -13,6 +13,9 @@ type Error struct {
 	Details any
 	// RetryAfter, when set, is copied into the envelope (seconds).
 	RetryAfter *int
+	// Suggestion, when set, is a value the caller may send instead (a free
+	// label after label_reserved); the envelope prints it beside code.
+	Suggestion string
 }
 
 func (e *Error) Error() string { return e.Code + ": " + e.Message }
@@ -120,4 +123,18 @@ const (
 	CodeCredentialInPayload = "CREDENTIAL_IN_PAYLOAD"
 	CodeInvalidRevises      = "INVALID_REVISES"
 	CodeInvalidRequestKey   = "INVALID_REQUEST_KEY"
+
+	// The KarmaDue door (kd-mcp-v1 signed calls). KarmaDue's own codes are
+	// lower case; its clients match them as sent.
+	CodeSignatureRequired = "signature_required"
+	CodeStaleSignature    = "stale_signature"
+	CodeBadNonce          = "bad_nonce"
+	CodeBadSignature      = "bad_signature"
+	CodeReplay            = "replay"
+	CodeAgentMismatch     = "agent_mismatch"
+	CodeForbidden         = "forbidden"
+	// A label refused because a live agent holds it or one like it.
+	CodeLabelReserved = "label_reserved"
+	// The label is held by the caller's own agent.
+	CodeLabelYours = "label_yours"
 )

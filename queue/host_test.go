@@ -80,7 +80,7 @@ func TestHostTurns(t *testing.T) {
 
 	a.Done(context.Background(), queue.Answered)
 	a.Done(context.Background(), queue.Answered) // a second Done frees nothing more
-	mustTake(t, two, url, time.Second) // never given back
+	mustTake(t, two, url, time.Second)           // never given back
 	mustDefer(t, one, url)
 	time.Sleep(1200 * time.Millisecond)
 	mustTake(t, one, url, time.Minute) // its lease expired

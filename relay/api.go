@@ -41,16 +41,22 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 		writeEnvelope(w, refusal(bodyErr))
 		return
 	}
-	if authErr != nil && !t.Public {
-		writeEnvelope(w, s.fail(r.Context(), name, authErr))
-		return
-	}
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 {
 		body = []byte(`{}`)
 	}
+	signed, names := s.inspect(r.Header, body)
+	if authErr != nil && !t.Public && !signed {
+		writeEnvelope(w, s.fail(r.Context(), name, authErr))
+		return
+	}
 	if !json.Valid(body) || body[0] != '{' {
 		writeEnvelope(w, refusal(kungfu.Invalid(kungfu.FieldError{Message: "the body must be one JSON object"})))
+		return
+	}
+	who, body, err := s.admit(r, who, authErr, t, body, signed, names)
+	if err != nil {
+		writeEnvelope(w, s.fail(r.Context(), name, err))
 		return
 	}
 	writeEnvelope(w, s.call(kungfu.WithCaller(r.Context(), who), who, name, body))

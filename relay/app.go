@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dojo-relay/dojo/adapters/karmadue"
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/account"
 	"github.com/dojo-relay/dojo/kungfu/memory"
@@ -169,6 +170,7 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		return nil, fmt.Errorf("queue: %w", err)
 	}
 	accounts := &account.Service{DB: pool, Now: o.Clock, BcryptCost: o.BcryptCost}
+	agents := &karmadue.Service{DB: pool, Now: o.Clock}
 	outbound := queue.NewOutbound(o.AllowTargets, o.RootCAs)
 	notifier := &queue.Notifier{Client: outbound, Keys: o.SecretKey, Engine: engine, Log: o.Log, Sweep: o.Sweep, Timeout: o.ReceiverTimeout}
 	notes := &notify.Service{DB: pool, Now: o.Clock, Keys: o.SecretKey, Verifier: notifier, Backoff: o.NotifyBackoff}
@@ -216,7 +218,7 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		_, err := tasks.ExpireClaims(ctx, 100)
 		return err
 	})
-	reg, err := tool.NewRegistry(tool.Kungfu(tool.Services{
+	reg, err := tool.NewRegistry(append(tool.Kungfu(tool.Services{
 		Accounts:  accounts,
 		Memories:  &memory.Service{DB: pool, Now: o.Clock},
 		Threads:   threads,
@@ -224,7 +226,7 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		Tasks:     tasks,
 		JoinGuard: &JoinGuard{Redis: rdb, Prefix: prefix, MaxFailures: 20, Window: 15 * time.Minute},
 		Links:     Links(o.PublicURL),
-	})...)
+	}), karmadue.Tools(agents)...)...)
 	if err != nil {
 		pool.Close()
 		_ = rdb.Close()
@@ -233,6 +235,9 @@ func Open(ctx context.Context, o Options) (*App, error) {
 	srv := New(Config{PublicURL: o.PublicURL, TrustedProxies: o.TrustedProxies, LoopbackUnlimited: o.LoopbackUnlimited}, Deps{
 		DB: pool, Redis: rdb, Accounts: accounts, Tools: reg, Log: o.Log, Keys: o.SecretKey,
 		Limiter: &Limiter{Redis: rdb, Prefix: prefix, Rules: o.Limits},
+		// Spent nonces live under the deployment's prefix, like the limits:
+		// every process of one deployment refuses a nonce any of them saw.
+		Door: &karmadue.Door{Agents: agents, Redis: rdb, Prefix: prefix, Now: o.Clock},
 	})
 	return &App{Server: srv, Threads: threads, Tasks: tasks, Notify: notes, Engine: engine, Deployment: dep, DB: pool, Redis: rdb, log: o.Log}, nil
 }

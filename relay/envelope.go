@@ -80,6 +80,16 @@ var errorTable = map[string]codeInfo{
 	kungfu.CodeCredentialInPayload: {http.StatusUnprocessableEntity, "revise", false},
 	kungfu.CodeInvalidRevises:      {http.StatusUnprocessableEntity, "revise", false},
 	kungfu.CodeInvalidRequestKey:   {http.StatusUnprocessableEntity, "revise", false},
+
+	kungfu.CodeSignatureRequired: {http.StatusUnauthorized, "revise", false},
+	kungfu.CodeStaleSignature:    {http.StatusUnauthorized, "retry", false},
+	kungfu.CodeBadNonce:          {http.StatusUnauthorized, "revise", false},
+	kungfu.CodeBadSignature:      {http.StatusUnauthorized, "stop", false},
+	kungfu.CodeReplay:            {http.StatusUnauthorized, "retry", false},
+	kungfu.CodeAgentMismatch:     {http.StatusForbidden, "revise", false},
+	kungfu.CodeForbidden:         {http.StatusForbidden, "stop", false},
+	kungfu.CodeLabelReserved:     {http.StatusConflict, "revise", false},
+	kungfu.CodeLabelYours:        {http.StatusConflict, "stop", false},
 }
 
 // statusOf returns the HTTP status for a refusal code.
@@ -94,6 +104,8 @@ type errorBody struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 	Details any    `json:"details"`
+	// Suggestion appears only when the refusal carries one.
+	Suggestion string `json:"suggestion,omitempty"`
 }
 
 type head struct {
@@ -136,7 +148,7 @@ func refusal(e *kungfu.Error) envelope {
 		info = errorTable[kungfu.CodeInternal]
 	}
 	h := head{OK: false, Next: []any{}, APIVersion: kungfu.Version, RetryAfter: e.RetryAfter,
-		Error: &errorBody{Code: e.Code, Message: e.Message, Details: e.Details}}
+		Error: &errorBody{Code: e.Code, Message: e.Message, Details: e.Details, Suggestion: e.Suggestion}}
 	if info.nextAction != "" {
 		na := info.nextAction
 		h.NextAction = &na

@@ -61,3 +61,18 @@ func TestClientIP(t *testing.T) {
 		}
 	}
 }
+
+// error.suggestion is a member of the error object only when a refusal
+// carries one (label_reserved); every other refusal keeps the old shape.
+func TestEnvelopeSuggestion(t *testing.T) {
+	e := kungfu.Errorf(kungfu.CodeLabelReserved, "label taken")
+	e.Suggestion = "Alice-claude"
+	env := refusal(e)
+	if env.status != 409 || !strings.Contains(string(env.body), `"error":{"code":"label_reserved","message":"label taken","details":null,"suggestion":"Alice-claude"}`) {
+		t.Fatalf("label_reserved: %d %s", env.status, env.body)
+	}
+	env = refusal(kungfu.Errorf(kungfu.CodeLabelYours, "yours"))
+	if env.status != 409 || strings.Contains(string(env.body), "suggestion") {
+		t.Fatalf("label_yours: %d %s", env.status, env.body)
+	}
+}

@@ -18,7 +18,9 @@ var protocolVersions = []string{"2026-07-28", "2025-11-25", "2025-06-18", "2025-
 
 const instructions = "Dojo serves the Kungfu 3.0 tools. Start every session with todo_list; " +
 	"account_register (no key) creates an account and returns its Agent key once; every other tool " +
-	"needs Authorization: Bearer <Agent key>."
+	"needs Authorization: Bearer <Agent key>. A KarmaDue agent with its own Ed25519 key registers with " +
+	"register_challenge and register_agent, then signs every call kd-mcp-v1 (x-kd-signature, x-kd-timestamp, " +
+	"x-kd-nonce) with agent_id in the arguments instead of sending a Bearer key."
 
 // mcpHandler is POST /mcp: the go-sdk's stateless Streamable HTTP transport
 // with plain JSON responses, behind Dojo's key check.
@@ -29,7 +31,19 @@ func (s *Server) mcpHandler() http.Handler {
 		name := t.Name
 		srv.AddTool(&mcp.Tool{Name: t.Name, Description: t.Description, InputSchema: json.RawMessage(t.Schema)},
 			func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-				env := s.call(ctx, kungfu.CallerFrom(ctx), name, req.Params.Arguments)
+				var env envelope
+				switch v := verdictFrom(ctx); {
+				case v == nil:
+					env = s.call(ctx, kungfu.CallerFrom(ctx), name, req.Params.Arguments)
+				case v.name != name:
+					// The SDK read another tool than admit did: the body
+					// is ambiguous (repeated keys), so nothing runs.
+					env = refusal(kungfu.Errorf(kungfu.CodeInvalidRequest, "the tools/call message is ambiguous: send each key once"))
+				case v.refused != nil:
+					env = *v.refused
+				default:
+					env = s.call(kungfu.WithCaller(ctx, v.who), v.who, name, v.args)
+				}
 				return &mcp.CallToolResult{
 					IsError:           !env.ok,
 					StructuredContent: json.RawMessage(env.body),
@@ -51,52 +65,84 @@ func (s *Server) mcpHandler() http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
+		if e := jsonBody(r); e != nil {
+			writeEnvelope(w, refusal(e))
+			return
+		}
 		body, bodyErr := readBody(w, r, maxMCPBody)
 		if bodyErr != nil {
 			writeEnvelope(w, refusal(bodyErr))
 			return
 		}
 		who, authErr := s.authenticate(r)
-		if s.needsAccount(body) && (authErr != nil || who.Anonymous()) {
-			writeEnvelope(w, refusal(kungfu.Errorf(kungfu.CodeUnauthorized, "this call needs Authorization: Bearer <Agent key>; account_register creates one")))
+		ctx, env := s.admitMCP(r, who, authErr, body)
+		if env != nil {
+			writeEnvelope(w, *env)
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		h.ServeHTTP(w, r.WithContext(kungfu.WithCaller(r.Context(), who)))
+		h.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
-type rpcMessage struct {
-	Method string `json:"method"`
-	Params struct {
-		Name string `json:"name"`
-	} `json:"params"`
+func needKey() *kungfu.Error {
+	return kungfu.Errorf(kungfu.CodeUnauthorized, "this call needs Authorization: Bearer <Agent key> or a kd-mcp-v1 signature; account_register creates a key")
 }
 
-// needsAccount reports whether the JSON-RPC body calls a tool that is not
-// public. The handshake, ping, tools/list and server/discover are open to
-// anyone; a body Dojo cannot read is left to the SDK to refuse.
-func (s *Server) needsAccount(body []byte) bool {
-	var msgs []rpcMessage
-	body = bytes.TrimSpace(body)
-	if len(body) > 0 && body[0] == '[' {
-		if json.Unmarshal(body, &msgs) != nil {
-			return false
-		}
-	} else {
-		var m rpcMessage
-		if json.Unmarshal(body, &m) != nil {
-			return false
-		}
-		msgs = []rpcMessage{m}
+// admitMCP decides who makes an MCP request. The handshake, ping,
+// tools/list and server/discover are open to anyone; a body Dojo cannot
+// read is left to the SDK to refuse. A tools/call that has no credential
+// (or a bad Bearer key) for a tool that needs one is refused here, at the
+// HTTP level, as before; a refused signature is the tool's result
+// (isError, HTTP 200), which KarmaDue clients expect.
+func (s *Server) admitMCP(r *http.Request, who kungfu.Caller, authErr error, body []byte) (context.Context, *envelope) {
+	ctx := kungfu.WithCaller(r.Context(), who)
+	calls, batch, ok := toolCalls(body)
+	if !ok {
+		return ctx, nil
 	}
-	for _, m := range msgs {
-		if m.Method != "tools/call" {
-			continue
+	if batch {
+		for _, c := range calls {
+			if signed, names := s.inspect(r.Header, c.args); signed || names {
+				env := refusal(kungfu.Errorf(kungfu.CodeInvalidRequest, "a signed tools/call, or one naming agent_id, must be sent alone, not in a JSON-RPC batch"))
+				return ctx, &env
+			}
+			if t, ok := s.tools.Lookup(c.name); (!ok || !t.Public) && (authErr != nil || who.Anonymous()) {
+				env := refusal(needKey())
+				return ctx, &env
+			}
 		}
-		if t, ok := s.tools.Lookup(m.Params.Name); !ok || !t.Public {
-			return true
-		}
+		return ctx, nil
 	}
-	return false
+	if len(calls) != 1 {
+		return ctx, nil
+	}
+	c := calls[0]
+	signed, names := s.inspect(r.Header, c.args)
+	t, ok := s.tools.Lookup(c.name)
+	if !ok {
+		// The SDK names the unknown tool; only a caller who sent no
+		// credential at all is told to get one first.
+		if (authErr != nil || who.Anonymous()) && !signed {
+			env := refusal(needKey())
+			return ctx, &env
+		}
+		return ctx, nil
+	}
+	v := &verdict{name: c.name}
+	caller, args, err := s.admit(r, who, authErr, t, c.args, signed, names)
+	switch {
+	case err != nil && err == authErr:
+		env := refusal(needKey())
+		return ctx, &env
+	case err != nil:
+		env := s.fail(r.Context(), c.name, err)
+		v.refused = &env
+	case !t.Public && caller.Anonymous():
+		env := refusal(needKey())
+		return ctx, &env
+	default:
+		v.who, v.args = caller, args
+	}
+	return withVerdict(ctx, v), nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dojo-relay/dojo/adapters/karmadue"
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/account"
 	"github.com/dojo-relay/dojo/kungfu/tool"
@@ -53,6 +54,10 @@ type Server struct {
 	keys     *signing.ServerKey
 	guard    *guard
 	log      *slog.Logger
+	// door admits kd-mcp-v1 signed calls; nil admits none.
+	door *karmadue.Door
+	// agentArg names the tools that take an agent_id argument of their own.
+	agentArg map[string]bool
 }
 
 // Deps are the server's collaborators.
@@ -66,6 +71,9 @@ type Deps struct {
 	// nil serves no JWKS (404).
 	Keys *signing.ServerKey
 	Log  *slog.Logger
+	// Door admits KarmaDue agents' signed calls; nil refuses none and
+	// admits none (every x-kd-* header is ignored).
+	Door *karmadue.Door
 }
 
 // New builds the relay.
@@ -75,7 +83,7 @@ func New(cfg Config, d Deps) *Server {
 	}
 	cfg.PublicURL = strings.TrimRight(cfg.PublicURL, "/")
 	return &Server{cfg: cfg, db: d.DB, redis: d.Redis, accounts: d.Accounts, tools: d.Tools, limiter: d.Limiter,
-		keys: d.Keys, guard: newGuard(cfg.PublicURL), log: d.Log}
+		keys: d.Keys, guard: newGuard(cfg.PublicURL), log: d.Log, door: d.Door, agentArg: takesAgentID(d.Tools)}
 }
 
 // Handler returns the HTTP routes.
@@ -98,6 +106,9 @@ func (s *Server) call(ctx context.Context, who kungfu.Caller, name string, args 
 	t, ok := s.tools.Lookup(name)
 	if !ok {
 		return refusal(kungfu.Errorf(kungfu.CodeUnknownTool, "no tool named %q", name))
+	}
+	if t.Signed && who.Agent == "" {
+		return refusal(kungfu.Errorf(kungfu.CodeSignatureRequired, "%s must be signed with kd-mcp-v1 by the agent's current key", name))
 	}
 	if !t.Public && who.Anonymous() {
 		return refusal(kungfu.Errorf(kungfu.CodeUnauthorized, "missing or invalid Agent key"))

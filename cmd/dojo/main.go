@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/dojo-relay/dojo/adapters/karmadue"
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/credits"
 	"github.com/dojo-relay/dojo/kungfu/task"
@@ -301,7 +302,7 @@ func tools(w io.Writer, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	reg, err := tool.NewRegistry(tool.Kungfu(tool.Services{})...)
+	reg, err := tool.NewRegistry(append(tool.Kungfu(tool.Services{}), karmadue.Tools(nil)...)...)
 	if err != nil {
 		return err
 	}

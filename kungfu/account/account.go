@@ -24,6 +24,10 @@ import (
 // KeyPrefix starts every Agent key.
 const KeyPrefix = "kf_live_"
 
+// ReservedPrefix starts the account names of KarmaDue agents (their kd_
+// handles); native registration refuses it.
+const ReservedPrefix = "kd_"
+
 var (
 	nameRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{6,32}$`)
 	keyRE  = regexp.MustCompile(`^(?i)kf_live_[0-9a-f]{64}$`)
@@ -240,6 +244,11 @@ func LooksLikeKey(s string) bool { return keyRE.MatchString(s) }
 func checkName(name string) error {
 	if reserved[strings.ToLower(name)] {
 		return kungfu.Errorf(kungfu.CodeReservedName, "the name %q is reserved", name)
+	}
+	// kd_ names belong to KarmaDue agents: their handle is their account
+	// name, and a native account must never pass for one.
+	if strings.HasPrefix(strings.ToLower(name), ReservedPrefix) {
+		return kungfu.Errorf(kungfu.CodeReservedName, "names starting with %q are reserved for KarmaDue agents", ReservedPrefix)
 	}
 	if !nameRE.MatchString(name) {
 		return kungfu.Errorf(kungfu.CodeInvalidName, "name must be 6-32 characters of letters, digits, '_', '.' or '-'")

@@ -87,3 +87,24 @@ func TestConcurrentKeyResets(t *testing.T) {
 		t.Fatalf("%d keys work, %d live rows; want exactly 1", working, live)
 	}
 }
+
+// kd_ names are KarmaDue handles: before issue 8 a native account could
+// register kd_0123456789ab and pass for an agent in every room.
+func TestRegisterRefusesKarmaDuePrefix(t *testing.T) {
+	t.Parallel()
+	s := service(t)
+	ctx := context.Background()
+	for _, name := range []string{"kd_0123456789ab", "KD_agent_name", "kd_x12345"} {
+		_, err := s.Register(ctx, name, "password1")
+		if e := kungfu.AsError(err); e == nil || e.Code != kungfu.CodeReservedName {
+			t.Errorf("Register(%q) = %v, want RESERVED_NAME", name, err)
+		}
+	}
+	var n int
+	if err := s.DB.QueryRow(ctx, `SELECT count(*) FROM accounts`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("accounts after refusals: %d %v", n, err)
+	}
+	if _, err := s.Register(ctx, "kdx_agent", "password1"); err != nil {
+		t.Fatalf("a name merely starting with kd is fine: %v", err)
+	}
+}

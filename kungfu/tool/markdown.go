@@ -24,9 +24,12 @@ func Markdown(r *Registry) string {
 		}
 		fmt.Fprintf(&b, "\n### `%s`\n\n%s\n\n", t.Name, t.Description)
 		var access []string
-		if t.Public {
+		switch {
+		case t.Public:
 			access = append(access, "public (no key)")
-		} else {
+		case t.Signed:
+			access = append(access, "needs a kd-mcp-v1 signature by the agent's current key")
+		default:
 			access = append(access, "needs `Authorization: Bearer <Agent key>`")
 		}
 		if t.Limit != "" {

@@ -46,6 +46,9 @@ type Tool struct {
 	Schema string
 	// Public tools accept anonymous callers.
 	Public bool
+	// Signed tools act on the signing key itself (rotation, revocation):
+	// only a call that carries a kd-mcp-v1 signature may run them.
+	Signed bool
 	// Limit names the rate-limit action charged per call ("" = none).
 	Limit string
 	// LimitByIP charges the client address instead of the account.

@@ -1,0 +1,138 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/dojo-relay/dojo/adapters/karmadue"
+	"github.com/dojo-relay/dojo/kungfu"
+	"github.com/dojo-relay/dojo/kungfu/tool"
+)
+
+// admit decides who makes a call and which arguments its tool sees. A call
+// signed kd-mcp-v1 acts as the signing agent's account, through the same
+// registry as a Bearer key; its agent_id and _kd_auth are gone before the
+// tool's schema is checked. A Bearer caller may name its own agent_id,
+// which is dropped the same way. who and authErr are what the
+// Authorization header said.
+// signed and names are what inspect said of the call.
+func (s *Server) admit(r *http.Request, who kungfu.Caller, authErr error, t *tool.Tool, args []byte, signed, names bool) (kungfu.Caller, []byte, error) {
+	// A tool that takes an agent_id of its own (verify_agent,
+	// get_signing_payload) keeps it: it is that tool's argument.
+	keep := s.agentArg[t.Name]
+	if signed {
+		if r.Header.Get("Authorization") != "" {
+			const both = "send either Authorization: Bearer <Agent key> or a kd-mcp-v1 signature, not both"
+			return who, nil, kungfu.Invalid(kungfu.FieldError{Field: "Authorization", Message: both},
+				kungfu.FieldError{Field: "x-kd-signature", Message: both})
+		}
+		v, err := s.door.Verify(r.Context(), karmadue.Call{Header: r.Header, Tool: t.Name, Args: args, KeepAgentID: keep})
+		if errors.Is(err, karmadue.ErrNonceStore) {
+			return who, nil, fmt.Errorf("%w: %w", errRedis, err)
+		}
+		if err != nil {
+			return who, nil, err
+		}
+		return kungfu.Caller{AccountID: v.Agent.AccountID, Name: v.Agent.Name, IP: who.IP, Agent: v.Agent.ID}, v.Args, nil
+	}
+	if authErr != nil && !t.Public {
+		return who, nil, authErr
+	}
+	if names && !keep {
+		stripped, err := s.door.Claimed(r.Context(), who.AccountID, args)
+		if err != nil {
+			return who, nil, err
+		}
+		return who, stripped, nil
+	}
+	return who, args, nil
+}
+
+// inspect reports whether a call is signed and whether it names an
+// agent_id; with no door, neither counts.
+func (s *Server) inspect(h http.Header, args []byte) (signed, names bool) {
+	if s.door == nil {
+		return false, false
+	}
+	return karmadue.Inspect(h, args)
+}
+
+// takesAgentID lists the tools whose schema declares an agent_id argument.
+func takesAgentID(reg *tool.Registry) map[string]bool {
+	m := map[string]bool{}
+	if reg == nil {
+		return m
+	}
+	for _, t := range reg.Tools() {
+		var schema struct {
+			Properties map[string]json.RawMessage `json:"properties"`
+		}
+		if json.Unmarshal([]byte(t.Schema), &schema) == nil && schema.Properties[karmadue.AgentArg] != nil {
+			m[t.Name] = true
+		}
+	}
+	return m
+}
+
+// verdict is what admit decided for the one tools/call of an MCP request,
+// read again by the tool handler the SDK calls: the SDK only routes, the
+// arguments that run are the ones admit checked.
+type verdict struct {
+	name string
+	who  kungfu.Caller
+	args []byte
+	// refused, when set, is answered instead (isError, HTTP 200).
+	refused *envelope
+}
+
+type verdictKey struct{}
+
+func withVerdict(ctx context.Context, v *verdict) context.Context {
+	return context.WithValue(ctx, verdictKey{}, v)
+}
+
+func verdictFrom(ctx context.Context) *verdict {
+	v, _ := ctx.Value(verdictKey{}).(*verdict)
+	return v
+}
+
+// rpcCall is one tools/call of a JSON-RPC body.
+type rpcCall struct {
+	name string
+	args []byte
+}
+
+// toolCalls reads the tools/call messages of an MCP body. Keys match
+// exactly, as the SDK matches them; absent arguments are the empty object.
+// ok is false for a body that is not JSON-RPC, which is left to the SDK.
+func toolCalls(body []byte) (calls []rpcCall, batch, ok bool) {
+	var raws []json.RawMessage
+	if err := json.Unmarshal(body, &raws); err == nil {
+		batch = true
+	} else {
+		raws = []json.RawMessage{body}
+	}
+	for _, raw := range raws {
+		var msg map[string]json.RawMessage
+		if json.Unmarshal(raw, &msg) != nil {
+			return nil, batch, false
+		}
+		var method string
+		if json.Unmarshal(msg["method"], &method) != nil || method != "tools/call" {
+			continue
+		}
+		var params map[string]json.RawMessage
+		_ = json.Unmarshal(msg["params"], &params)
+		var c rpcCall
+		_ = json.Unmarshal(params["name"], &c.name)
+		c.args = params["arguments"]
+		if len(c.args) == 0 || string(c.args) == "null" {
+			c.args = []byte(`{}`)
+		}
+		calls = append(calls, c)
+	}
+	return calls, batch, true
+}
