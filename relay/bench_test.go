@@ -1,11 +1,9 @@
 package relay_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -65,19 +63,7 @@ func load(b *testing.B, conc int, op func(i int) error) {
 }
 
 func benchCall(url, key string, body []byte) error {
-	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := benchClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 {
-		return fmt.Errorf("status %d: %s", resp.StatusCode, b)
-	}
-	return nil
+	return benchSigned(url, body, []string{"Authorization", "Bearer " + key})
 }
 
 // BenchmarkMemoryPut is memory_put end to end over loopback HTTP: new

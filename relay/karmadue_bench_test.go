@@ -10,7 +10,8 @@ import (
 	"time"
 )
 
-// benchSigned sends one request carrying x-kd-* headers (no Bearer key).
+// benchSigned sends one request with the given headers: x-kd-* for a
+// signed call, Authorization for a Bearer one (benchCall).
 func benchSigned(url string, body []byte, header []string) error {
 	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
