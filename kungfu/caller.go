@@ -16,6 +16,10 @@ type Caller struct {
 	// this call ("" for a Bearer key): tools that act on the signing key
 	// itself (rotation, revocation) need to know which one.
 	Agent string
+	// AgentKey is the id of the credential whose key verified the
+	// signature: rotation and revocation lock it, so a call signed with a
+	// key retired meanwhile changes nothing.
+	AgentKey int64
 }
 
 // Anonymous reports whether no account is acting.

@@ -54,7 +54,10 @@ func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
 		writeEnvelope(w, refusal(kungfu.Invalid(kungfu.FieldError{Message: "the body must be one JSON object"})))
 		return
 	}
-	who, body, err := s.admit(r, who, authErr, t, body, signed, names)
+	who, body, spend, err := s.admit(r, who, authErr, t, body, signed, names)
+	if err == nil && spend != nil {
+		err = spend(r.Context())
+	}
 	if err != nil {
 		writeEnvelope(w, s.fail(r.Context(), name, err))
 		return

@@ -18,38 +18,53 @@ import (
 // tool's schema is checked. A Bearer caller may name its own agent_id,
 // which is dropped the same way. who and authErr are what the
 // Authorization header said.
-// signed and names are what inspect said of the call.
-func (s *Server) admit(r *http.Request, who kungfu.Caller, authErr error, t *tool.Tool, args []byte, signed, names bool) (kungfu.Caller, []byte, error) {
+// signed and names are what inspect said of the call. spend, set for a
+// signed call, spends its nonce: the transport calls it once nothing else
+// can refuse the request, just before the tool runs.
+func (s *Server) admit(r *http.Request, who kungfu.Caller, authErr error, t *tool.Tool, args []byte, signed, names bool) (kungfu.Caller, []byte, func(context.Context) error, error) {
 	// A tool that takes an agent_id of its own (verify_agent,
 	// get_signing_payload) keeps it: it is that tool's argument.
 	keep := s.agentArg[t.Name]
 	if signed {
 		if r.Header.Get("Authorization") != "" {
 			const both = "send either Authorization: Bearer <Agent key> or a kd-mcp-v1 signature, not both"
-			return who, nil, kungfu.Invalid(kungfu.FieldError{Field: "Authorization", Message: both},
+			return who, nil, nil, kungfu.Invalid(kungfu.FieldError{Field: "Authorization", Message: both},
 				kungfu.FieldError{Field: "x-kd-signature", Message: both})
 		}
-		v, err := s.door.Verify(r.Context(), karmadue.Call{Header: r.Header, Tool: t.Name, Args: args, KeepAgentID: keep})
-		if errors.Is(err, karmadue.ErrNonceStore) {
-			return who, nil, fmt.Errorf("%w: %w", errRedis, err)
-		}
+		v, err := s.door.Check(r.Context(), karmadue.Call{Header: r.Header, Tool: t.Name, Args: args, KeepAgentID: keep})
 		if err != nil {
-			return who, nil, err
+			return who, nil, nil, err
 		}
-		return kungfu.Caller{AccountID: v.Agent.AccountID, Name: v.Agent.Name, IP: who.IP, Agent: v.Agent.ID}, v.Args, nil
+		spend := func(ctx context.Context) error {
+			if err := s.door.Spend(ctx, v); errors.Is(err, karmadue.ErrNonceStore) {
+				return fmt.Errorf("%w: %w", errRedis, err)
+			} else if err != nil {
+				return err
+			}
+			return nil
+		}
+		return kungfu.Caller{AccountID: v.Agent.AccountID, Name: v.Agent.Name, IP: who.IP, Agent: v.Agent.ID, AgentKey: v.KeyID}, v.Args, spend, nil
 	}
-	if authErr != nil && !t.Public {
-		return who, nil, authErr
+	if authErr != nil && (!t.Public || keyBound[t.Name]) {
+		return who, nil, nil, authErr
 	}
 	if names && !keep {
-		stripped, err := s.door.Claimed(r.Context(), who.AccountID, args)
+		stripped, err := s.door.Claimed(r.Context(), r.Header, who.AccountID, args)
 		if err != nil {
-			return who, nil, err
+			return who, nil, nil, err
 		}
-		return who, stripped, nil
+		return who, stripped, nil, nil
 	}
-	return who, args, nil
+	return who, args, nil, nil
 }
+
+// keyBound lists the public tools whose outcome depends on the Bearer key
+// sent: register_agent attaches the agent to the key's account, and
+// without one creates a key-only account. A key that fails there is
+// refused rather than ignored, or a mistyped or revoked key would create a
+// second account and spend the challenge. account_register keeps ignoring
+// a bad key: it never uses one.
+var keyBound = map[string]bool{"register_agent": true}
 
 // inspect reports whether a call is signed and whether it names an
 // agent_id; with no door, neither counts.
@@ -86,6 +101,9 @@ type verdict struct {
 	args []byte
 	// refused, when set, is answered instead (isError, HTTP 200).
 	refused *envelope
+	// spend spends a signed call's nonce once the SDK has accepted the
+	// request.
+	spend func(context.Context) error
 }
 
 type verdictKey struct{}

@@ -587,3 +587,121 @@ func TestKarmaDueClientWorkedExample(t *testing.T) {
 		t.Fatalf("signature %s", h[1])
 	}
 }
+
+// A Bearer key that fails on register_agent is refused, on both doors: it
+// used to be ignored, so a mistyped or revoked key made a second, key-only
+// account and spent the challenge. The same challenge then still works.
+func TestKarmaDueRegisterBadKey(t *testing.T) {
+	t.Parallel()
+	d := start(t)
+	pub, priv, _ := ed25519.GenerateKey(nil)
+	ch := d.must(t, "", "register_challenge", map[string]any{})
+	args := map[string]any{"name": "Typo Key", "platform": "e2e", "public_key": b64url(pub),
+		"challenge_id": ch.str("challenge_id"), "signature": b64url(ed25519.Sign(priv, []byte(ch.str("payload"))))}
+	before := fingerprint(t, d)
+	expect(t, d.call(t, "dojo_not_a_real_key", "register_agent", args), 401, "UNAUTHORIZED")
+	body, _ := json.Marshal(args)
+	if st, _, got, raw := kdMCP(t, d, "dojo_not_a_real_key", "register_agent", body); st != 401 || got != "UNAUTHORIZED" {
+		t.Fatalf("mcp register_agent with a bad key: %s", raw)
+	}
+	sameDatabase(t, "register_agent with a bad key", before, fingerprint(t, d))
+	if r := d.call(t, "", "register_agent", args); !r.ok() {
+		t.Fatalf("the challenge was spent: %s", r.Raw)
+	}
+	// account_register keeps ignoring a bad key, as documented.
+	if r := d.call(t, "dojo_not_a_real_key", "account_register", map[string]any{"name": "typo_" + itoa(seq.Add(1)), "password": "correct horse"}); !r.ok() {
+		t.Fatalf("account_register with a bad key: %s", r.Raw)
+	}
+}
+
+// x-karmadue-agent on a Bearer call naming agent_id must match it, as on a
+// signed call: it was ignored there.
+func TestKarmaDueBearerAgentHeader(t *testing.T) {
+	t.Parallel()
+	d := start(t)
+	native, _ := d.register(t)
+	other := kdRegister(t, d, "Elsewhere")
+	pub, priv, _ := ed25519.GenerateKey(nil)
+	ch := d.must(t, "", "register_challenge", map[string]any{})
+	reg := d.must(t, native, "register_agent", map[string]any{"name": "Header Check", "platform": "e2e", "public_key": b64url(pub),
+		"challenge_id": ch.str("challenge_id"), "signature": b64url(ed25519.Sign(priv, []byte(ch.str("payload"))))})
+	own := reg.str("agent_id")
+	expect(t, d.call(t, native, "account_status", map[string]any{"agent_id": own}, "x-karmadue-agent", other.id), 403, "agent_mismatch")
+	if r := d.call(t, native, "account_status", map[string]any{"agent_id": own}, "x-karmadue-agent", own); !r.ok() {
+		t.Fatalf("matching x-karmadue-agent: %s", r.Raw)
+	}
+}
+
+// mcpPost posts a raw JSON-RPC body to /mcp with exactly these headers
+// (besides Content-Type).
+func mcpPost(t testing.TB, d *dojo, body []byte, header ...string) result {
+	t.Helper()
+	return post(t, d.URL+"/mcp", "", body, header...)
+}
+
+// The MCP library's own refusal (here: an Accept header without
+// text/event-stream) happens after the signature was checked; the nonce
+// used to be spent by then, so the corrected resend was replay.
+func TestKarmaDueMCPRefusalKeepsNonce(t *testing.T) {
+	t.Parallel()
+	d := start(t)
+	kd := kdRegister(t, d, "Resender")
+	args := kd.args(t, nil)
+	sig := kd.signed(t, "todo_list", args, time.Now().Unix(), freshNonce())
+	body := []byte(`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"todo_list","arguments":` + string(args) + `}}`)
+	bad := mcpPost(t, d, body, append([]string{"Accept", "text/plain", "Mcp-Protocol-Version", "2025-11-25"}, sig...)...)
+	if bad.Status < 400 || bad.Status >= 500 {
+		t.Fatalf("the SDK accepted a bad Accept header: %d %s", bad.Status, bad.Raw)
+	}
+	if st, isErr, _, raw := kdMCP(t, d, "", "todo_list", args, sig...); st != 200 || isErr {
+		t.Fatalf("resend after the SDK's refusal: %s", raw)
+	}
+	if st, isErr, got, raw := kdMCP(t, d, "", "todo_list", args, sig...); st != 200 || !isErr || got != "replay" {
+		t.Fatalf("second resend: %s", raw)
+	}
+}
+
+// A nonce is one per agent across both doors: spent on /api/v1 it is
+// replay on /mcp, and the reverse.
+func TestKarmaDueReplayAcrossDoors(t *testing.T) {
+	t.Parallel()
+	d := start(t)
+	kd := kdRegister(t, d, "Two Doors")
+	args := kd.args(t, nil)
+
+	sig := kd.signed(t, "todo_list", args, time.Now().Unix(), freshNonce())
+	if r := post(t, d.URL+"/api/v1/todo_list", "", args, sig...); !r.ok() {
+		t.Fatalf("api: %s", r.Raw)
+	}
+	if st, isErr, got, raw := kdMCP(t, d, "", "todo_list", args, sig...); st != 200 || !isErr || got != "replay" {
+		t.Fatalf("api nonce on mcp: %s", raw)
+	}
+
+	sig = kd.signed(t, "todo_list", args, time.Now().Unix(), freshNonce())
+	if st, isErr, _, raw := kdMCP(t, d, "", "todo_list", args, sig...); st != 200 || isErr {
+		t.Fatalf("mcp: %s", raw)
+	}
+	expect(t, post(t, d.URL+"/api/v1/todo_list", "", args, sig...), 401, "replay")
+}
+
+// rotate_agent_key and revoke_agent signed over /mcp: the door hands the
+// tool the verifying key's id there too.
+func TestKarmaDueRotateRevokeMCP(t *testing.T) {
+	t.Parallel()
+	d := start(t)
+	kd := kdRegister(t, d, "Mcp Rotor")
+	pub, next, _ := ed25519.GenerateKey(nil)
+	ch := d.must(t, "", "register_challenge", map[string]any{})
+	args := kd.args(t, map[string]any{"public_key": b64url(pub), "challenge_id": ch.str("challenge_id"),
+		"signature": b64url(ed25519.Sign(next, []byte(ch.str("payload"))))})
+	if st, isErr, _, raw := kdMCP(t, d, "", "rotate_agent_key", args, kd.signed(t, "rotate_agent_key", args, time.Now().Unix(), freshNonce())...); st != 200 || isErr {
+		t.Fatalf("mcp rotate: %s", raw)
+	}
+	kd.key = next
+	args = kd.args(t, nil)
+	st, isErr, _, raw := kdMCP(t, d, "", "revoke_agent", args, kd.signed(t, "revoke_agent", args, time.Now().Unix(), freshNonce())...)
+	if st != 200 || isErr || !strings.Contains(raw, `"revoked"`) {
+		t.Fatalf("mcp revoke: %s", raw)
+	}
+	expect(t, kd.call(t, d, "todo_list", nil), 401, "bad_signature")
+}

@@ -34,6 +34,17 @@ func (s *Server) mcpHandler() http.Handler {
 				var env envelope
 				switch v := verdictFrom(ctx); {
 				case v == nil:
+					// admitMCP saw no lone tools/call here, so it judged no
+					// signature: one that reaches this far anyway is refused,
+					// never run as the Bearer (or anonymous) caller.
+					var h http.Header
+					if req.Extra != nil {
+						h = req.Extra.Header
+					}
+					if signed, names := s.inspect(h, req.Params.Arguments); signed || names {
+						env = refusal(kungfu.Errorf(kungfu.CodeInvalidRequest, "a signed tools/call, or one naming agent_id, must be sent alone as one JSON-RPC message"))
+						break
+					}
 					env = s.call(ctx, kungfu.CallerFrom(ctx), name, req.Params.Arguments)
 				case v.name != name:
 					// The SDK read another tool than admit did: the body
@@ -42,6 +53,14 @@ func (s *Server) mcpHandler() http.Handler {
 				case v.refused != nil:
 					env = *v.refused
 				default:
+					if v.spend != nil {
+						// Only now has the SDK accepted the request: a refusal
+						// of its own leaves the nonce unspent for a resend.
+						if err := v.spend(ctx); err != nil {
+							env = s.fail(ctx, name, err)
+							break
+						}
+					}
 					env = s.call(kungfu.WithCaller(ctx, v.who), v.who, name, v.args)
 				}
 				return &mcp.CallToolResult{
@@ -130,8 +149,12 @@ func (s *Server) admitMCP(r *http.Request, who kungfu.Caller, authErr error, bod
 		return ctx, nil
 	}
 	v := &verdict{name: c.name}
-	caller, args, err := s.admit(r, who, authErr, t, c.args, signed, names)
+	caller, args, spend, err := s.admit(r, who, authErr, t, c.args, signed, names)
 	switch {
+	case err != nil && err == authErr && t.Public:
+		// A public tool that refuses a bad key (register_agent) says why.
+		env := s.fail(r.Context(), c.name, err)
+		return ctx, &env
 	case err != nil && err == authErr:
 		env := refusal(needKey())
 		return ctx, &env
@@ -142,7 +165,7 @@ func (s *Server) admitMCP(r *http.Request, who kungfu.Caller, authErr error, bod
 		env := refusal(needKey())
 		return ctx, &env
 	default:
-		v.who, v.args = caller, args
+		v.who, v.args, v.spend = caller, args, spend
 	}
 	return withVerdict(ctx, v), nil
 }

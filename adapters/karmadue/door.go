@@ -20,10 +20,15 @@ import (
 )
 
 // Window is how far a signed timestamp may be from the server clock, either
-// way. A nonce is remembered for twice as long: a timestamp is accepted
-// during 2×Window of server time, and its nonce must stay spent all that
-// while.
+// way.
 const Window = 300 * time.Second
+
+// NonceTTL is how long a spent nonce is remembered. A timestamp ts is
+// accepted while the whole-second clock lies in [ts-Window, ts+Window], that
+// is until just before ts+Window+1 s; a nonce first spent at ts-Window must
+// outlive that, and the margin also covers processes whose clocks differ
+// by a few seconds.
+const NonceTTL = 2*Window + 10*time.Second
 
 const (
 	// AgentArg is the argument naming the signing agent.
@@ -72,9 +77,12 @@ type Call struct {
 // Verified is a call whose signature verified.
 type Verified struct {
 	Agent Agent
+	// KeyID is the credential id of the key that verified.
+	KeyID int64
 	// Args are the arguments without _kd_auth and (unless kept) agent_id,
 	// every other member byte for byte as sent.
-	Args []byte
+	Args  []byte
+	nonce string
 }
 
 // The one message for every signature that does not verify, whatever the
@@ -119,12 +127,25 @@ func kdHeaders(h http.Header) bool {
 // auth is the signature material of one call, as sent.
 type auth struct{ signature, timestamp, nonce string }
 
-// Verify checks a signed call, in the order a caller can fix things: the
-// material is present, agent_id is named, the timestamp is fresh, the
-// nonce well formed, the signature verifies against a live key of the
-// agent; only then is the nonce spent. Every refusal happens before the
-// tool runs.
+// Verify checks a signed call and spends its nonce: Check, then Spend.
 func (d *Door) Verify(ctx context.Context, c Call) (Verified, error) {
+	v, err := d.Check(ctx, c)
+	if err != nil {
+		return Verified{}, err
+	}
+	if err := d.Spend(ctx, v); err != nil {
+		return Verified{}, err
+	}
+	return v, nil
+}
+
+// Check verifies a signed call without spending its nonce, in the order a
+// caller can fix things: the material is present, agent_id is named, the
+// timestamp is fresh, the nonce well formed, the signature verifies
+// against a live key of the agent. A transport that still has checks of
+// its own to make (the MCP library's) spends the nonce after them, so a
+// request it refuses can be sent again as is.
+func (d *Door) Check(ctx context.Context, c Call) (Verified, error) {
 	ms, err := members(c.Args)
 	if err != nil {
 		return Verified{}, kungfu.Invalid(kungfu.FieldError{Field: "arguments", Message: err.Error()})
@@ -137,8 +158,8 @@ func (d *Door) Verify(ctx context.Context, c Call) (Verified, error) {
 	if err != nil {
 		return Verified{}, err
 	}
-	if hv := c.Header.Values("X-Karmadue-Agent"); len(hv) > 0 && (len(hv) > 1 || hv[0] != agentID) {
-		return Verified{}, kungfu.Errorf(kungfu.CodeAgentMismatch, "the x-karmadue-agent header is not the agent_id in the arguments")
+	if err := sameAgent(c.Header, agentID); err != nil {
+		return Verified{}, err
 	}
 	if err := d.fresh(a.timestamp); err != nil {
 		return Verified{}, err
@@ -166,27 +187,46 @@ func (d *Door) Verify(ctx context.Context, c Call) (Verified, error) {
 		return Verified{}, fmt.Errorf("karmadue: agent %s: %w", agentID, err)
 	}
 	text := []byte(signing.KDText(c.Tool, agentID, a.timestamp, a.nonce, signing.ArgsHash(canonical)))
-	if !verifies(agent.Keys, text, sig) {
+	i := verifies(agent.Keys, text, sig)
+	if i < 0 {
 		return Verified{}, kungfu.Errorf(kungfu.CodeBadSignature, badSignature)
 	}
-	if err := d.spend(ctx, agentID, a.nonce); err != nil {
-		return Verified{}, err
+	v := Verified{Agent: agent, nonce: a.nonce}
+	if i < len(agent.KeyIDs) {
+		v.KeyID = agent.KeyIDs[i]
 	}
-	args := without(c.Args, ms, func(k string) bool { return k == AuthArg || (k == AgentArg && !c.KeepAgentID) })
-	return Verified{Agent: agent, Args: args}, nil
+	v.Args = without(c.Args, ms, func(k string) bool { return k == AuthArg || (k == AgentArg && !c.KeepAgentID) })
+	return v, nil
+}
+
+// Spend marks the nonce of a checked call used by its agent, atomically
+// across every process of the deployment: replay when it already was.
+func (d *Door) Spend(ctx context.Context, v Verified) error {
+	ok, err := d.Redis.SetNX(ctx, d.Prefix+"kdnonce:"+v.Agent.ID+":"+v.nonce, 1, NonceTTL).Result()
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrNonceStore, err)
+	}
+	if !ok {
+		return kungfu.Errorf(kungfu.CodeReplay, "this nonce was already used by this agent: sign again with a fresh nonce")
+	}
+	return nil
 }
 
 // Claimed handles an unsigned call whose arguments name an agent_id: the
 // account acting (by a Bearer key) may name its own agent, which is then
 // removed from the arguments; naming another is forbidden, and an
-// anonymous caller must sign.
-func (d *Door) Claimed(ctx context.Context, accountID int64, args []byte) ([]byte, error) {
+// anonymous caller must sign. An x-karmadue-agent header, when sent, must
+// name the same agent, as on a signed call.
+func (d *Door) Claimed(ctx context.Context, h http.Header, accountID int64, args []byte) ([]byte, error) {
 	ms, err := members(args)
 	if err != nil {
 		return nil, kungfu.Invalid(kungfu.FieldError{Field: "arguments", Message: err.Error()})
 	}
 	agentID, err := agentArg(ms)
 	if err != nil {
+		return nil, err
+	}
+	if err := sameAgent(h, agentID); err != nil {
 		return nil, err
 	}
 	if accountID == 0 {
@@ -201,6 +241,14 @@ func (d *Door) Claimed(ctx context.Context, accountID int64, args []byte) ([]byt
 		return nil, kungfu.Errorf(kungfu.CodeForbidden, "agent_id is not the agent of the account whose key you sent")
 	}
 	return without(args, ms, func(k string) bool { return k == AgentArg }), nil
+}
+
+// sameAgent checks the optional x-karmadue-agent header against agent_id.
+func sameAgent(h http.Header, agentID string) error {
+	if hv := h.Values("X-Karmadue-Agent"); len(hv) > 0 && (len(hv) > 1 || hv[0] != agentID) {
+		return kungfu.Errorf(kungfu.CodeAgentMismatch, "the x-karmadue-agent header is not the agent_id in the arguments")
+	}
+	return nil
 }
 
 // readAuth takes the signature material from the x-kd-* headers or from
@@ -367,26 +415,14 @@ func isAgentID(id string) bool {
 	return true
 }
 
-func verifies(keys []ed25519.PublicKey, text, sig []byte) bool {
-	for _, k := range keys {
+// verifies is the index of the key the signature verifies with, or -1.
+func verifies(keys []ed25519.PublicKey, text, sig []byte) int {
+	for i, k := range keys {
 		if len(k) == ed25519.PublicKeySize && ed25519.Verify(k, text, sig) {
-			return true
+			return i
 		}
 	}
-	return false
-}
-
-// spend marks the nonce used by the agent, atomically across every process
-// of the deployment.
-func (d *Door) spend(ctx context.Context, agentID, nonce string) error {
-	ok, err := d.Redis.SetNX(ctx, d.Prefix+"kdnonce:"+agentID+":"+nonce, 1, 2*Window).Result()
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrNonceStore, err)
-	}
-	if !ok {
-		return kungfu.Errorf(kungfu.CodeReplay, "this nonce was already used by this agent: sign again with a fresh nonce")
-	}
-	return nil
+	return -1
 }
 
 // member is one top-level member of a raw JSON object: its decoded key,

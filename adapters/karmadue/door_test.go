@@ -303,8 +303,40 @@ func TestDoorNoncePerAgent(t *testing.T) {
 		}
 	}
 	ttl, err := f.door.Redis.TTL(context.Background(), f.door.Prefix+"kdnonce:"+exampleAgent+":shared-nonce-00001").Result()
-	if err != nil || ttl <= Window || ttl > 2*Window {
+	// A timestamp is accepted from ts-Window until just before
+	// ts+Window+1 s (whole seconds): a nonce spent at the first moment must
+	// outlive the last one. It used to expire after exactly 2×Window.
+	if err != nil || ttl <= 2*Window+time.Second || ttl > NonceTTL {
 		t.Fatalf("nonce ttl %v, err %v", ttl, err)
+	}
+}
+
+// Check spends nothing: a request a later check refuses can be sent again
+// as is. Spend then spends once, and the verdict names the key that
+// verified.
+func TestDoorCheckThenSpend(t *testing.T) {
+	f := newFixture(t)
+	dir := f.door.Agents.(directory)
+	other, _, _ := ed25519.GenerateKey(nil)
+	a := dir.agents[exampleAgent]
+	a.Keys = []ed25519.PublicKey{other, f.key.Public().(ed25519.PublicKey)}
+	a.KeyIDs = []int64{41, 42}
+	dir.agents[exampleAgent] = a
+	args := []byte(`{"agent_id":"` + exampleAgent + `"}`)
+	h := sign(t, f.key, "todo_list", exampleAgent, exampleTS, "check-spend-nonce-1", args)
+	ctx := context.Background()
+	for i := 0; i < 2; i++ {
+		v, err := f.door.Check(ctx, Call{Header: h, Tool: "todo_list", Args: args})
+		if err != nil || v.KeyID != 42 {
+			t.Fatalf("check %d: key %d, %v", i, v.KeyID, err)
+		}
+	}
+	v, _ := f.door.Check(ctx, Call{Header: h, Tool: "todo_list", Args: args})
+	if err := f.door.Spend(ctx, v); err != nil {
+		t.Fatalf("spend: %v", err)
+	}
+	if err := f.door.Spend(ctx, v); code(err) != kungfu.CodeReplay {
+		t.Fatalf("second spend: %v", err)
 	}
 }
 
@@ -324,15 +356,25 @@ func TestDoorRedisDown(t *testing.T) {
 func TestDoorClaimed(t *testing.T) {
 	f := newFixture(t)
 	args := []byte(`{"agent_id":"` + exampleAgent + `", "n": 1.0}`)
-	got, err := f.door.Claimed(context.Background(), 7, args)
+	got, err := f.door.Claimed(context.Background(), nil, 7, args)
 	if err != nil || string(got) != `{"n": 1.0}` {
 		t.Fatalf("own agent: %s %v", got, err)
 	}
-	if _, err := f.door.Claimed(context.Background(), 8, args); code(err) != kungfu.CodeForbidden {
+	if _, err := f.door.Claimed(context.Background(), nil, 8, args); code(err) != kungfu.CodeForbidden {
 		t.Fatalf("another account's agent: %v", err)
 	}
-	if _, err := f.door.Claimed(context.Background(), 0, args); code(err) != kungfu.CodeSignatureRequired {
+	if _, err := f.door.Claimed(context.Background(), nil, 0, args); code(err) != kungfu.CodeSignatureRequired {
 		t.Fatalf("anonymous: %v", err)
+	}
+	// x-karmadue-agent must name the same agent on a Bearer call too (it
+	// was ignored there before).
+	h := http.Header{"X-Karmadue-Agent": {"00000000-0000-4000-8000-000000000009"}}
+	if _, err := f.door.Claimed(context.Background(), h, 7, args); code(err) != kungfu.CodeAgentMismatch {
+		t.Fatalf("x-karmadue-agent naming another agent: %v", err)
+	}
+	h.Set("X-Karmadue-Agent", exampleAgent)
+	if _, err := f.door.Claimed(context.Background(), h, 7, args); err != nil {
+		t.Fatalf("x-karmadue-agent naming the same agent: %v", err)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dojo-relay/dojo/kungfu"
@@ -46,6 +47,8 @@ type Agent struct {
 	AccountID int64
 	Name      string
 	Keys      []ed25519.PublicKey
+	// KeyIDs are the credential ids of Keys, index for index.
+	KeyIDs []int64
 }
 
 // ErrUnknownAgent: no such agent, or it is revoked.
@@ -59,7 +62,7 @@ func (s *Service) Agent(ctx context.Context, agentID string) (Agent, error) {
 		return Agent{}, ErrUnknownAgent
 	}
 	rows, err := s.DB.Query(ctx,
-		`SELECT a.account_id, acc.name, c.public_key
+		`SELECT a.account_id, acc.name, c.id, c.public_key
 		 FROM kd_agents a
 		 JOIN accounts acc ON acc.id = a.account_id
 		 JOIN credentials c ON c.kind = 'ed25519' AND c.external_id = a.id::text AND c.revoked_at IS NULL
@@ -70,12 +73,16 @@ func (s *Service) Agent(ctx context.Context, agentID string) (Agent, error) {
 	}
 	ag := Agent{ID: agentID}
 	for rows.Next() {
-		var key []byte
-		if err := rows.Scan(&ag.AccountID, &ag.Name, &key); err != nil {
+		var (
+			key []byte
+			id  int64
+		)
+		if err := rows.Scan(&ag.AccountID, &ag.Name, &id, &key); err != nil {
 			return Agent{}, fmt.Errorf("karmadue agent: %w", err)
 		}
 		if len(key) == ed25519.PublicKeySize {
 			ag.Keys = append(ag.Keys, ed25519.PublicKey(key))
+			ag.KeyIDs = append(ag.KeyIDs, id)
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -378,11 +385,24 @@ func freeHandle(ctx context.Context, tx pgx.Tx, agentID string) (string, error) 
 	return "", errors.New("no free handle")
 }
 
+// insertKey stores key as the agent's live credential. keyFree checked it
+// first, but a registration and a rotation hold different locks, so the
+// same key can land twice at once; the unique index stops the second.
 func insertKey(ctx context.Context, tx pgx.Tx, accountID int64, agentID string, key ed25519.PublicKey, now time.Time) error {
 	enc := encodeKey(key)
 	_, err := tx.Exec(ctx,
 		`INSERT INTO credentials (account_id, kind, public_key, external_id, hint, created_at) VALUES ($1, 'ed25519', $2, $3, $4, $5)`,
 		accountID, []byte(key), agentID, enc[:8], now)
+	return keyTaken(err)
+}
+
+// keyTaken turns the unique violation of a key stored concurrently into
+// the refusal keyFree gives; other errors pass unchanged.
+func keyTaken(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "credentials_public_key" {
+		return kungfu.Invalid(kungfu.FieldError{Field: "public_key", Message: "this key already belongs to an agent; sign with a new key"})
+	}
 	return err
 }
 
@@ -401,19 +421,37 @@ type Rotated struct {
 }
 
 // Rotate replaces the agent's live keys with the one in p, in one
-// transaction: from its commit on, only the new key verifies.
-func (s *Service) Rotate(ctx context.Context, agentID string, p Proof) (Rotated, error) {
+// transaction: from its commit on, only the new key verifies. keyID is the
+// credential that verified the call; it must still be live once the agent
+// is locked, or a call signed with a key another rotation just retired
+// would replace that rotation's key.
+func (s *Service) Rotate(ctx context.Context, agentID string, keyID int64, p Proof) (Rotated, error) {
 	now := s.Now()
 	out := Rotated{AgentID: agentID, PublicKey: encodeKey(p.PublicKey), RotatedAt: now}
 	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 		var account int64
+		// The account's key-share lock first (inserting the new key takes
+		// it anyway), then the agent: Revoke locks the account before the
+		// agent, and the same order keeps the two from deadlocking.
 		err := tx.QueryRow(ctx,
+			`SELECT acc.id FROM kd_agents a JOIN accounts acc ON acc.id = a.account_id
+			 WHERE a.id = $1 FOR KEY SHARE OF acc`, agentID).Scan(&account)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrUnknownAgent
+		}
+		if err != nil {
+			return err
+		}
+		err = tx.QueryRow(ctx,
 			`SELECT account_id, handle FROM kd_agents WHERE id = $1 AND status = 'active' FOR UPDATE`, agentID).
 			Scan(&account, &out.Handle)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrUnknownAgent
 		}
 		if err != nil {
+			return err
+		}
+		if err := signingKeyLive(ctx, tx, agentID, keyID); err != nil {
 			return err
 		}
 		if err := s.spend(ctx, tx, p, now); err != nil {
@@ -448,8 +486,9 @@ type Revoked struct {
 
 // Revoke retires the agent: its keys are revoked, its label is free at
 // once, and an account left without any live credential is deactivated.
-// Nothing is deleted but the label's reservation.
-func (s *Service) Revoke(ctx context.Context, agentID string) (Revoked, error) {
+// Nothing is deleted but the label's reservation. keyID is the credential
+// that verified the call, re-checked as Rotate does.
+func (s *Service) Revoke(ctx context.Context, agentID string, keyID int64) (Revoked, error) {
 	now := s.Now()
 	out := Revoked{AgentID: agentID, RevokedAt: now}
 	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
@@ -475,6 +514,11 @@ func (s *Service) Revoke(ctx context.Context, agentID string) (Revoked, error) {
 		if tag.RowsAffected() == 0 {
 			return ErrUnknownAgent
 		}
+		// After the agent's row, as Rotate takes them: the same order, so
+		// the two cannot deadlock.
+		if err := signingKeyLive(ctx, tx, agentID, keyID); err != nil {
+			return err
+		}
 		if err := tx.QueryRow(ctx, `SELECT handle FROM kd_agents WHERE id = $1`, agentID).Scan(&out.Handle); err != nil {
 			return err
 		}
@@ -498,12 +542,26 @@ func (s *Service) Revoke(ctx context.Context, agentID string) (Revoked, error) {
 		return err
 	})
 	if err != nil {
-		if errors.Is(err, ErrUnknownAgent) {
+		if kungfu.AsError(err) != nil || errors.Is(err, ErrUnknownAgent) {
 			return Revoked{}, err
 		}
 		return Revoked{}, fmt.Errorf("revoke agent: %w", err)
 	}
 	return out, nil
+}
+
+// signingKeyLive locks the credential that verified a signed call and
+// refuses, as the door would, when it was revoked since: the door checked
+// the key before this transaction began.
+func signingKeyLive(ctx context.Context, tx pgx.Tx, agentID string, keyID int64) error {
+	var id int64
+	err := tx.QueryRow(ctx,
+		`SELECT id FROM credentials WHERE id = $1 AND kind = 'ed25519' AND external_id = $2 AND revoked_at IS NULL FOR UPDATE`,
+		keyID, agentID).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return kungfu.Errorf(kungfu.CodeBadSignature, badSignature)
+	}
+	return err
 }
 
 // Profile is an agent's public record.
@@ -523,11 +581,13 @@ type Profile struct {
 // with status "revoked" and no keys. field names the argument in refusals.
 func (s *Service) Lookup(ctx context.Context, field, ref string) (Profile, error) {
 	ref = strings.ToLower(strings.TrimSpace(ref))
-	col := "a.id::text"
+	// agentIDRE admits only what parses as a UUID, so the cast cannot
+	// fail and the primary key index answers.
+	where := "a.id = $1::uuid"
 	switch {
 	case agentIDRE.MatchString(ref):
 	case handleRE.MatchString(ref):
-		col = "a.handle"
+		where = "a.handle = $1"
 	default:
 		return Profile{}, kungfu.Invalid(kungfu.FieldError{Field: field,
 			Message: "must be an agent id (a lowercase UUID) or a kd_ handle (kd_ and 12 hex digits)"})
@@ -542,7 +602,7 @@ func (s *Service) Lookup(ctx context.Context, field, ref string) (Profile, error
 		        coalesce((SELECT array_agg(c.public_key ORDER BY c.id) FROM credentials c
 		                  WHERE c.kind = 'ed25519' AND c.external_id = a.id::text AND c.revoked_at IS NULL), '{}')
 		 FROM kd_agents a JOIN accounts acc ON acc.id = a.account_id
-		 WHERE `+col+` = $1`, ref).
+		 WHERE `+where, ref).
 		Scan(&p.AgentID, &p.Handle, &p.Name, &p.Label, &p.Platform, &p.Status, &acc, &p.CreatedAt, &p.RevokedAt, &keys)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Profile{}, kungfu.Errorf(kungfu.CodeNotFound, "%s: no such agent", field).

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/dojo-relay/dojo/kungfu"
@@ -263,6 +264,22 @@ func TestRegisterRefusals(t *testing.T) {
 		{"one character", with(map[string]any{"name": "S"}), kungfu.CodeValidationFailed, "name"},
 		{"41 characters", with(map[string]any{"name": strings.Repeat("é", 41)}), kungfu.CodeValidationFailed, "name"},
 		{"zero-width joiner", with(map[string]any{"name": "Sc\u200dout"}), kungfu.CodeValidationFailed, "name"},
+		// Invisible characters that passed printable before (review of issue 8).
+		{"variation selector", with(map[string]any{"name": "S\uFE0Fc\uFE0Fout"}), kungfu.CodeValidationFailed, "name"},
+		{"supplementary variation selector", with(map[string]any{"name": "Scout\U000E0100"}), kungfu.CodeValidationFailed, "name"},
+		{"grapheme joiner", with(map[string]any{"name": "S\u034Fcout"}), kungfu.CodeValidationFailed, "name"},
+		{"Hangul filler", with(map[string]any{"name": "Scout\u3164\u3164"}), kungfu.CodeValidationFailed, "name"},
+		{"Hangul choseong filler", with(map[string]any{"name": "Sc\u115Fout"}), kungfu.CodeValidationFailed, "name"},
+		{"Hangul jungseong filler", with(map[string]any{"name": "Sc\u1160out"}), kungfu.CodeValidationFailed, "name"},
+		{"halfwidth Hangul filler", with(map[string]any{"name": "Scout\uFFA0"}), kungfu.CodeValidationFailed, "name"},
+		{"braille blank", with(map[string]any{"name": "Scout\u2800"}), kungfu.CodeValidationFailed, "name"},
+		{"Khmer inherent vowel", with(map[string]any{"name": "Sc\u17B4out"}), kungfu.CodeValidationFailed, "name"},
+		{"private use", with(map[string]any{"name": "Scout\uE000"}), kungfu.CodeValidationFailed, "name"},
+		{"variation selector in platform", with(map[string]any{"platform": "clau\uFE0Fde"}), kungfu.CodeValidationFailed, "platform"},
+		// 40 x U+FDFA is 120 bytes that fold to 720 characters, 1 441
+		// reservation rows under the label lock (review of issue 8).
+		{"expanding label", with(map[string]any{"name": strings.Repeat("\uFDFA", 40)}), kungfu.CodeValidationFailed, "name"},
+		{"expanding label, few characters", with(map[string]any{"name": strings.Repeat("\uFDFA", 4)}), kungfu.CodeValidationFailed, "name"},
 		{"handle-like label", with(map[string]any{"name": "kd_0123456789ab"}), kungfu.CodeValidationFailed, "name"},
 		{"empty platform", with(map[string]any{"platform": ""}), kungfu.CodeValidationFailed, "platform"},
 		{"invisible platform", with(map[string]any{"platform": "cla\u200bude"}), kungfu.CodeValidationFailed, "platform"},
@@ -465,7 +482,7 @@ func TestBearerAttach(t *testing.T) {
 		t.Fatalf("own label by Bearer: %v", err)
 	}
 	// Revoking the attached agent leaves the account and its Agent key.
-	if _, err := f.call(kungfu.Caller{AccountID: who.AccountID, Agent: ag.ID}, "revoke_agent", map[string]any{"agent_id": ag.ID}); err != nil {
+	if _, err := f.call(kungfu.Caller{AccountID: who.AccountID, Agent: ag.ID, AgentKey: ag.KeyIDs[0]}, "revoke_agent", map[string]any{"agent_id": ag.ID}); err != nil {
 		t.Fatal(err)
 	}
 	var status string
@@ -489,7 +506,7 @@ func TestRotate(t *testing.T) {
 	}
 	id := got["agent_id"].(string)
 	ag, _ := f.svc.Agent(ctx, id)
-	signed := kungfu.Caller{AccountID: ag.AccountID, Name: ag.Name, Agent: id}
+	signed := kungfu.Caller{AccountID: ag.AccountID, Name: ag.Name, Agent: id, AgentKey: ag.KeyIDs[0]}
 	fresh := newKey(t)
 
 	// Refusals first; none changes the keys.
@@ -533,6 +550,45 @@ func TestRotate(t *testing.T) {
 	}
 }
 
+// A rotation or revocation signed with a key that another rotation retired
+// after the door checked it (the second call waited on the agent's lock)
+// changes nothing: it used to replace the new key.
+func TestRotateRevokeStaleSigningKey(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	a := newKey(t)
+	got, err := f.register(kungfu.Caller{}, a, "Racer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := got["agent_id"].(string)
+	ag, _ := f.svc.Agent(ctx, id)
+	withA := kungfu.Caller{AccountID: ag.AccountID, Name: ag.Name, Agent: id, AgentKey: ag.KeyIDs[0]}
+	b := newKey(t)
+	f.must(withA, "rotate_agent_key", f.proof(b))
+	// The door verified this one with A just before the rotation committed.
+	_, err = f.call(withA, "rotate_agent_key", f.proof(newKey(t)))
+	if codeOf(err) != kungfu.CodeBadSignature || kungfu.AsError(err).Message != badSignature {
+		t.Fatalf("rotate with the retired key: %v", err)
+	}
+	if _, err := f.call(withA, "revoke_agent", "{}"); codeOf(err) != kungfu.CodeBadSignature {
+		t.Fatalf("revoke with the retired key: %v", err)
+	}
+	if ag, err := f.svc.Agent(ctx, id); err != nil || len(ag.Keys) != 1 || !ag.Keys[0].Equal(b.pub) {
+		t.Fatalf("keys after stale calls: %+v %v", ag, err)
+	}
+	// A Bearer caller carries no key id at all.
+	if _, err := f.call(kungfu.Caller{AccountID: ag.AccountID, Name: ag.Name, Agent: id}, "revoke_agent", "{}"); codeOf(err) != kungfu.CodeBadSignature {
+		t.Fatalf("revoke without a key id: %v", err)
+	}
+	ag, _ = f.svc.Agent(ctx, id)
+	withB := kungfu.Caller{AccountID: ag.AccountID, Name: ag.Name, Agent: id, AgentKey: ag.KeyIDs[0]}
+	if out := f.must(withB, "revoke_agent", "{}"); out["status"] != "revoked" {
+		t.Fatalf("revoke with the live key = %v", out)
+	}
+}
+
 func TestRevoke(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
@@ -547,7 +603,7 @@ func TestRevoke(t *testing.T) {
 	if _, err := f.call(kungfu.Caller{AccountID: ag.AccountID}, "revoke_agent", "{}"); codeOf(err) != kungfu.CodeSignatureRequired {
 		t.Fatalf("unsigned revoke: %v", err)
 	}
-	signed := kungfu.Caller{AccountID: ag.AccountID, Name: ag.Name, Agent: id}
+	signed := kungfu.Caller{AccountID: ag.AccountID, Name: ag.Name, Agent: id, AgentKey: ag.KeyIDs[0]}
 	out := f.must(signed, "revoke_agent", map[string]any{"agent_id": id})
 	if out["status"] != "revoked" || out["account_status"] != "deactivated" || out["handle"] != got["handle"] {
 		t.Fatalf("revoke = %v", out)
@@ -595,6 +651,36 @@ func TestVerifyAgentRefusals(t *testing.T) {
 	_, err = f.call(kungfu.Caller{}, "verify_agent", map[string]any{"agent_id": "00000000-0000-4000-8000-000000000000"})
 	if codeOf(err) != kungfu.CodeNotFound || kungfu.AsError(err).Details.(map[string]any)["field"] != "agent_id" {
 		t.Fatalf("unknown id: %v", err)
+	}
+}
+
+// A registration and a rotation of one key, each past keyFree, both insert
+// it: the second hit credentials_public_key and answered 500 (review of
+// issue 8). The loser's insert is replayed here, after the winner's commit.
+func TestKeyStoredConcurrently(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	k := newKey(t)
+	a, err := f.register(kungfu.Caller{}, k, "Winner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := f.register(kungfu.Caller{}, newKey(t), "Loser")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ag, err := f.svc.Agent(context.Background(), b["agent_id"].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(context.Background(), f.svc.DB, func(tx pgx.Tx) error {
+		return insertKey(context.Background(), tx, ag.AccountID, ag.ID, k.pub, f.clock.Now())
+	})
+	if codeOf(err) != kungfu.CodeValidationFailed || fieldOf(err) != "public_key" {
+		t.Fatalf("second insert of %s's key: %v", a["agent_id"], err)
+	}
+	if n := f.count("credentials"); n != 2 {
+		t.Fatalf("%d credentials", n)
 	}
 }
 
@@ -687,6 +773,10 @@ func TestSigningPayload(t *testing.T) {
 		{strings.Replace(base(`{}`, "1"), id, "kd_000000000000", 1), "agent_id"},
 		{strings.Replace(base(`{}`, "1"), "memory_push", "a b", 1), "tool"},
 		{base(`[1]`, "1"), "arguments"},
+		// The door takes the signer from arguments.agent_id: a text built
+		// for another agent would never verify (review of issue 8).
+		{base(`{"agent_id": "00000000-0000-4000-8000-000000000002"}`, "1"), "arguments.agent_id"},
+		{base(`{"agent_id": 1}`, "1"), "arguments.agent_id"},
 	} {
 		if _, err := f.call(kungfu.Caller{}, "get_signing_payload", c.args); codeOf(err) != kungfu.CodeValidationFailed || !strings.HasPrefix(fieldOf(err), c.field) {
 			t.Errorf("%s: %v (field %q), want %s", c.args, err, fieldOf(err), c.field)

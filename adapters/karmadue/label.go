@@ -21,6 +21,10 @@ import (
 const (
 	minLabel = 2
 	maxLabel = 40
+	// maxFold bounds the folded form: compatibility forms such as U+FDFA
+	// expand to 18 characters each, and every folded character costs two
+	// kd_label_keys rows written under the global label lock.
+	maxFold = 64
 )
 
 // confusable maps characters that read alike onto one representative, after
@@ -42,11 +46,30 @@ var confusable = map[rune]rune{
 var pairs = strings.NewReplacer("rn", "m", "vv", "w", "cl", "d")
 
 // fold is the form labels are compared in: compatibility-normalized, case
-// folded, confusables mapped to one representative. Two labels are
-// lookalikes when their folds are at most one edit apart.
+// folded, stripped of combining marks, confusables mapped to one
+// representative. Two labels are lookalikes when their folds are at most
+// one edit apart.
+//
+// Combining marks are dropped rather than refused: refusing them would
+// refuse every script that writes vowels or accents as marks, while
+// dropping them makes "Alicé", "Alice" plus U+0301 and "Alice" one name,
+// and a mark stacked anywhere (invisible or not) can no longer split a
+// lookalike from its original. The cost is that labels differing only by
+// marks are lookalikes, which errs on the side of refusing.
 func fold(label string) string {
-	s := cases.Fold().String(norm.NFKC.String(label))
+	s := norm.NFKD.String(cases.Fold().String(norm.NFKC.String(label)))
 	var b strings.Builder
+	for _, r := range s {
+		// Marks and the invisible rest (which printable refuses anyway)
+		// must not count as an edit.
+		if unicode.In(r, unicode.Mn, unicode.Me, unicode.Cf, unicode.Other_Default_Ignorable_Code_Point) {
+			continue
+		}
+		b.WriteRune(r)
+	}
+	// Recomposing keeps Hangul syllables one rune each, so a Korean label
+	// is compared syllable by syllable, not jamo by jamo.
+	s, b = norm.NFC.String(b.String()), strings.Builder{}
 	for _, r := range s {
 		if m, ok := confusable[r]; ok {
 			r = m
@@ -102,7 +125,10 @@ func checkLabel(field, label string) error {
 		return bad("must be 2 to 40 characters")
 	}
 	if !printable(label) {
-		return bad("must not contain control or invisible characters")
+		return bad("must not contain control or invisible characters (format characters, variation selectors, fillers, blanks)")
+	}
+	if utf8.RuneCountInString(fold(label)) > maxFold {
+		return bad("expands to more than 64 characters when normalized; use plain letters")
 	}
 	if handleRE.MatchString(strings.ToLower(label)) || agentIDRE.MatchString(strings.ToLower(label)) {
 		// Identity is the handle; a label that looks like one would lie.
@@ -115,15 +141,20 @@ func checkLabel(field, label string) error {
 	return nil
 }
 
-// printable reports whether s is valid UTF-8 without controls and
-// invisible format characters (zero-width joiners, direction overrides),
-// which make one name look like another.
+// printable reports whether s is valid UTF-8 of visible characters only.
+// Controls, format characters (zero-width joiners, direction overrides),
+// the other default-ignorable code points (variation selectors, the
+// combining grapheme joiner, Hangul fillers), the braille blank, private
+// use and unassigned code points render as nothing or anything, so they
+// would let one name pass for another.
 func printable(s string) bool {
 	if !utf8.ValidString(s) {
 		return false
 	}
 	for _, r := range s {
-		if unicode.IsControl(r) || unicode.In(r, unicode.Cf) {
+		if !unicode.IsGraphic(r) ||
+			unicode.In(r, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector) ||
+			r == '\u2800' {
 			return false
 		}
 	}

@@ -2,8 +2,11 @@ package karmadue
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/dojo-relay/dojo/kungfu"
 )
 
 // distance is the plain Levenshtein distance over runes, the definition
@@ -55,6 +58,15 @@ func TestLookalikes(t *testing.T) {
 		{"Alice", "Аlice", true},  // Cyrillic А
 		{"modern", "modem", true}, // rn reads as m
 		{"my bot", "my_bot", true},
+		// Invisible or combining characters no longer split a lookalike
+		// from its original (review of issue 8); printable refuses most of
+		// them outright, fold drops the marks it lets through.
+		{"Alice", "A\uFE0Fl\uFE0Fice", true},
+		{"Alice", "Alice\u3164\u3164", true},
+		{"Alice", "A\u034Fl\u034Fice", true},
+		{"Alice", "Ali\u0301\u0302\u0303ce", true},
+		{"Alice", "Alicé", true},
+		{"Alice", "Ali\u20DDce", true}, // enclosing mark
 		{"Alice", "Alicia", false},
 		{"abc", "bca", false}, // share a deletion, two edits apart
 		{"Alice", "Bob", false},
@@ -63,6 +75,35 @@ func TestLookalikes(t *testing.T) {
 		if got := lookalike(c.a, c.b); got != c.want {
 			t.Errorf("lookalike(%q, %q) = %v, want %v", c.a, c.b, got, c.want)
 		}
+	}
+}
+
+// TestLabelRefusals covers checkLabel alone, including what reaches it
+// from suggest.
+func TestLabelRefusals(t *testing.T) {
+	for _, label := range []string{
+		"A\uFE0Fl\uFE0Fice", "Alice\U000E01EF", "A\u034Fl\u034Fice", "Alice\u3164\u3164", "\u115FAlice",
+		"Al\u1160ice", "Alice\uFFA0", "Alice\u2800", "Al\u00ADice", "Alice\u2028", "Alice\U000F0000",
+		strings.Repeat("\uFDFA", 40), strings.Repeat("\uFDFA", 4),
+	} {
+		err := checkLabel("name", label)
+		if e := kungfu.AsError(err); e == nil || e.Code != kungfu.CodeValidationFailed || fieldOf(err) != "name" {
+			t.Errorf("checkLabel(%+q) = %v", label, err)
+		}
+	}
+	// The folded form may reach the bound, not pass it: U+FDFA folds to 18
+	// characters, three of them and ten letters are 64.
+	for _, label := range []string{strings.Repeat("\uFDFA", 3) + "abcdefghij", "Alicé", "김철수", "Bot ❤"} {
+		if err := checkLabel("name", label); err != nil {
+			t.Errorf("checkLabel(%+q) = %v", label, err)
+		}
+	}
+	if n := utf8.RuneCountInString(fold(strings.Repeat("\uFDFA", 3) + "abcdefghij")); n != maxFold {
+		t.Errorf("fold is %d characters, want %d", n, maxFold)
+	}
+	// Hangul is compared by syllable, not by jamo.
+	if n := utf8.RuneCountInString(fold("김철수")); n != 3 {
+		t.Errorf("fold(김철수) is %d characters", n)
 	}
 }
 

@@ -198,7 +198,7 @@ func Tools(s *Service) []*tool.Tool {
 			if err != nil {
 				return nil, err
 			}
-			got, err := s.Rotate(ctx, who.Agent, p)
+			got, err := s.Rotate(ctx, who.Agent, who.AgentKey, p)
 			if errors.Is(err, ErrUnknownAgent) {
 				return nil, gone()
 			}
@@ -218,7 +218,7 @@ func Tools(s *Service) []*tool.Tool {
 			if err := signer(who, in.AgentID); err != nil {
 				return nil, err
 			}
-			got, err := s.Revoke(ctx, who.Agent)
+			got, err := s.Revoke(ctx, who.Agent, who.AgentKey)
 			if errors.Is(err, ErrUnknownAgent) {
 				return nil, gone()
 			}
@@ -349,6 +349,20 @@ func payload(_ context.Context, _ kungfu.Caller, raw json.RawMessage) (any, erro
 	ms, err := members(args)
 	if err != nil {
 		return nil, kungfu.Invalid(kungfu.FieldError{Field: "arguments", Message: err.Error()})
+	}
+	// The door reads the signer from arguments.agent_id (the last one, as
+	// jsonb keeps), so a text built for another agent would never verify.
+	var named json.RawMessage
+	for _, m := range ms {
+		if m.key == AgentArg {
+			named = m.value
+		}
+	}
+	if named != nil {
+		var id string
+		if json.Unmarshal(named, &id) != nil || id != in.AgentID {
+			return nil, kungfu.Invalid(kungfu.FieldError{Field: "arguments." + AgentArg, Message: "must be agent_id, the agent that signs"})
+		}
 	}
 	canonical, err := signing.Canonical(without(args, ms, func(k string) bool { return k == AuthArg }))
 	if err != nil {
