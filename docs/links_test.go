@@ -10,7 +10,7 @@ import (
 
 // TestLinksStayInside: README and docs ship in a clone and in the binary,
 // so every relative link must name a file inside the repository. The README
-// once pointed at ../shared/design.md, which a clone does not have.
+// once pointed at a design page outside the repository, which a clone lacks.
 func TestLinksStayInside(t *testing.T) {
 	root, err := filepath.Abs("..")
 	if err != nil {

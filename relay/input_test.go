@@ -142,11 +142,7 @@ func TestInputHugePage(t *testing.T) {
 // query parameters (PostgreSQL refused them: 500), as did room cursors.
 func TestInputInt4Parameters(t *testing.T) {
 	t.Parallel()
-	d := start(t)
-	pub, _ := d.register(t)
-	exe, _ := d.register(t)
-	j := newJudge(t, 200, "ok")
-	code := newTask(t, d, pub, j.srv.URL+"/judge", 1, 5, nil)
+	d, pub, exe, j, code := inputFixture(t)
 	mem := d.must(t, pub, "memory_put", map[string]any{"title": "note", "tags": []string{"a"}, "content": content(60)}).str("code")
 	room, boss, _, _ := bareRoom(t, d)
 	for _, dr := range doors {
@@ -176,11 +172,7 @@ func TestInputInt4Parameters(t *testing.T) {
 // payload given as a JSON string slipped past the NUL check the same way.
 func TestInputUnstorableText(t *testing.T) {
 	t.Parallel()
-	d := start(t)
-	pub, _ := d.register(t)
-	exe, _ := d.register(t)
-	j := newJudge(t, 200, "ok")
-	code := newTask(t, d, pub, j.srv.URL+"/judge", 1, 5, nil)
+	d, pub, exe, j, code := inputFixture(t)
 	room, boss, worker, workerName := bareRoom(t, d)
 	open := postAssign(t, d, boss, room, workerName)
 	taken := postAssign(t, d, boss, room, workerName)
@@ -228,11 +220,7 @@ func TestInputUnstorableText(t *testing.T) {
 // read the last value while the first travelled on in the stored bytes.
 func TestInputDuplicateKeys(t *testing.T) {
 	t.Parallel()
-	d := start(t)
-	pub, _ := d.register(t)
-	exe, _ := d.register(t)
-	j := newJudge(t, 200, "ok")
-	code := newTask(t, d, pub, j.srv.URL+"/judge", 1, 5, nil)
+	d, pub, exe, j, code := inputFixture(t)
 	room, boss, worker, workerName := bareRoom(t, d)
 	open := postAssign(t, d, boss, room, workerName)
 	entries := timelineLen(t, d, boss, room)
@@ -353,4 +341,16 @@ func TestInputOwnerKeyDuplicateName(t *testing.T) {
 	}
 	// Nothing was reset: the Agent key still works.
 	d.must(t, key, "account_status", map[string]any{})
+}
+
+// inputFixture is a server with a publisher, an executor and one open task
+// judged by a loopback receiver that accepts everything.
+func inputFixture(t *testing.T) (d *dojo, pub, exe string, j *judge, code string) {
+	t.Helper()
+	d = start(t)
+	pub, _ = d.register(t)
+	exe, _ = d.register(t)
+	j = newJudge(t, 200, "ok")
+	code = newTask(t, d, pub, j.srv.URL+"/judge", 1, 5, nil)
+	return d, pub, exe, j, code
 }
