@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/dojo-relay/dojo/kungfu/userjson"
 )
 
 // Limits of a schema document. The validator library compiles in time
@@ -46,9 +48,9 @@ const (
 // literal in a schema or such a payload.
 const (
 	// MaxDepth is how deeply objects and arrays nest in a payload checked
-	// against a schema; Dojo's JSON reader enforces the same bound on
-	// every document, so this only guards other callers.
-	MaxDepth = 64
+	// against a schema: the bound Dojo's JSON reader enforces on every
+	// document, so it only refuses here for callers that skipped it.
+	MaxDepth = userjson.MaxDepth
 	// MaxDigits bounds a number literal written out in full (1e400 and
 	// 0.5e-3 count 401 and 5 digits): the validator compares numbers
 	// exactly (math/big), and 1e999999 alone costs such a parse 35 ms, a
