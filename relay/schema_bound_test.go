@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -206,4 +207,57 @@ func TestSchemaBoundStoredNumbers(t *testing.T) {
 		t.Fatalf("submit: %.400s", r.Raw)
 	}
 	expect(t, submit(t, d, exe, code, "too-big", map[string]any{"n": json.Number("1e301")}), 422, "SCHEMA_MISMATCH")
+}
+
+// TestSchemaCheckOutsideLock: a payload is checked against output.schema
+// before work_submit locks the task, so while a long check runs the task
+// row stays free for the publisher. Before, the check ran inside the
+// transaction that holds the row (task_pause waited 4.75 s in the issue);
+// here another connection tries to lock the row, without waiting, all
+// through the check, and must mostly succeed.
+func TestSchemaCheckOutsideLock(t *testing.T) {
+	t.Parallel()
+	d := start(t)
+	pub, _ := d.register(t)
+	exe, _ := d.register(t)
+	j := newJudge(t, 200, `{"accepted":true}`)
+	code := newTask(t, d, pub, j.srv.URL+"/judge", 2, 20, map[string]any{"output": map[string]any{"schema": map[string]any{"type": "object"}}})
+	schema, payload := heavy()
+	storeSchema(t, d, `UPDATE task_versions SET output_schema = $1 WHERE task_id = (SELECT id FROM tasks WHERE code = $2)`, schema, code)
+
+	var free, held atomic.Int64
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ctx := context.Background()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			err := pgx.BeginFunc(ctx, d.App.DB, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `SELECT 1 FROM tasks WHERE code = $1 FOR UPDATE NOWAIT`, code)
+				return err
+			})
+			if err == nil {
+				free.Add(1)
+			} else {
+				held.Add(1)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	began := time.Now()
+	r := submit(t, d, exe, code, "outside-lock", payload)
+	took := time.Since(began)
+	close(stop)
+	<-done
+	expect(t, r, 422, "SCHEMA_MISMATCH")
+	t.Logf("check of %v: row free %d times, held %d times", took, free.Load(), held.Load())
+	// The check took most of the call; the row was lockable through it.
+	if free.Load() < 5 || held.Load() > free.Load() {
+		t.Fatalf("during a %v check the task row was free %d times and held %d times", took, free.Load(), held.Load())
+	}
 }
