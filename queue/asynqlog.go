@@ -79,7 +79,16 @@ func (r *repeats) admit(msg string) (bool, int) {
 	p := r.seen[msg]
 	if p == nil || now.Sub(p.last) > repeatQuiet {
 		if p == nil && len(r.seen) >= repeatKeep {
-			clear(r.seen)
+			// Forget only messages that went quiet: clearing everything
+			// would let every steady repeater through again at once.
+			for m, q := range r.seen {
+				if now.Sub(q.last) > repeatQuiet {
+					delete(r.seen, m)
+				}
+			}
+			if len(r.seen) >= repeatKeep {
+				return true, 0 // one of many distinct lines: logged, not tracked
+			}
 		}
 		r.seen[msg] = &repeat{last: now, next: now.Add(repeatFirst), wait: repeatFirst}
 		return true, 0

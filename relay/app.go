@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dojo-relay/dojo/adapters/karmadue"
+	"github.com/dojo-relay/dojo/adapters/kizuna"
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/account"
 	"github.com/dojo-relay/dojo/kungfu/memory"
@@ -76,6 +77,9 @@ type Options struct {
 	// LoopbackUnlimited lifts per-address limits for loopback clients
 	// (`dojo dev` only).
 	LoopbackUnlimited bool
+	// AdminToken grants the Kizuna hub's admin paths (DOJO_ADMIN_TOKEN);
+	// empty disables them.
+	AdminToken string
 	// BcryptCost is for tests; zero means bcrypt's default.
 	BcryptCost int
 	Clock      kungfu.Clock
@@ -218,6 +222,11 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		_, err := tasks.ExpireClaims(ctx, 100)
 		return err
 	})
+	letters := &kizuna.Delivery{DB: pool, Client: outbound, Keys: o.SecretKey, Now: o.Clock,
+		LadderScale: o.LadderScale, Timeout: o.ReceiverTimeout, Log: o.Log}
+	letters.Register(engine, o.Sweep)
+	hub := &kizuna.Hub{DB: pool, Accounts: accounts, Keys: o.SecretKey, AdminToken: o.AdminToken,
+		Deliver: letters, Now: o.Clock, Log: o.Log}
 	reg, err := tool.NewRegistry(append(tool.Kungfu(tool.Services{
 		Accounts:  accounts,
 		Memories:  &memory.Service{DB: pool, Now: o.Clock},
@@ -238,6 +247,7 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		// Spent nonces live under the deployment's prefix, like the limits:
 		// every process of one deployment refuses a nonce any of them saw.
 		Door: &karmadue.Door{Agents: agents, Redis: rdb, Prefix: prefix, Now: o.Clock},
+		Hub:  hub,
 	})
 	return &App{Server: srv, Threads: threads, Tasks: tasks, Notify: notes, Engine: engine, Deployment: dep, DB: pool, Redis: rdb, log: o.Log}, nil
 }

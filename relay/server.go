@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/dojo-relay/dojo/adapters/karmadue"
+	"github.com/dojo-relay/dojo/adapters/kizuna"
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/account"
 	"github.com/dojo-relay/dojo/kungfu/tool"
@@ -56,6 +57,8 @@ type Server struct {
 	log      *slog.Logger
 	// door admits kd-mcp-v1 signed calls; nil admits none.
 	door *karmadue.Door
+	// hub serves the Kizuna hub paths; nil serves none.
+	hub *kizuna.Hub
 	// agentArg names the tools that take an agent_id argument of their own.
 	agentArg map[string]bool
 }
@@ -74,6 +77,8 @@ type Deps struct {
 	// Door admits KarmaDue agents' signed calls; nil refuses none and
 	// admits none (every x-kd-* header is ignored).
 	Door *karmadue.Door
+	// Hub is the Kizuna hub; nil leaves its paths to the tool routes.
+	Hub *kizuna.Hub
 }
 
 // New builds the relay.
@@ -83,13 +88,18 @@ func New(cfg Config, d Deps) *Server {
 	}
 	cfg.PublicURL = strings.TrimRight(cfg.PublicURL, "/")
 	return &Server{cfg: cfg, db: d.DB, redis: d.Redis, accounts: d.Accounts, tools: d.Tools, limiter: d.Limiter,
-		keys: d.Keys, guard: newGuard(cfg.PublicURL), log: d.Log, door: d.Door, agentArg: takesAgentID(d.Tools)}
+		keys: d.Keys, guard: newGuard(cfg.PublicURL), log: d.Log, door: d.Door, hub: d.Hub, agentArg: takesAgentID(d.Tools)}
 }
 
 // Handler returns the HTTP routes.
 func (s *Server) Handler() http.Handler {
 	r := mux.NewRouter()
 	r.Handle("/mcp", s.mcpHandler())
+	// The hub's fixed paths come before /api/v1/{tool}, which would
+	// otherwise take /api/v1/agents and /api/v1/tasks for tool names.
+	if s.hub != nil {
+		s.hub.Mount(r)
+	}
 	r.HandleFunc("/api/v1/{tool}", s.serveAPI)
 	r.HandleFunc("/owner/key", s.serveOwnerKey)
 	r.HandleFunc("/healthz", s.serveHealth).Methods(http.MethodGet, http.MethodHead)

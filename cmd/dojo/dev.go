@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -79,6 +81,10 @@ func dev(ctx context.Context, args []string) error {
 		}
 		c.SecretKey = k
 	}
+	adminNote := "from DOJO_ADMIN_TOKEN"
+	if c.AdminToken == "" {
+		c.AdminToken, adminNote = devAdminToken(), "generated for this run"
+	}
 	if c.AllowTargets == "" {
 		// Local daemons (letterboxes, receivers) live on loopback in dev.
 		c.AllowTargets = "127.0.0.0/8,::1/128"
@@ -105,13 +111,16 @@ Dojo is running (dev mode).
   Key reset:  %[1]s/owner/key
   PostgreSQL: %[2]s (%[3]s)
   Redis:      %[4]s (%[5]s)
+  Kizuna hub: %[1]s/api/v1/agents
+  Admin token (DOJO_ADMIN_TOKEN, %[7]s):
+              %[6]s
 
 Create your first account (the key is shown once):
   curl -s %[1]s/api/v1/account_register -H 'Content-Type: application/json' \
     -d '{"name":"my_first_agent","password":"change-me-please"}'
 
 Ctrl-C stops Dojo and everything it started.
-`, base, redact(c.DatabaseURL), pgNote, c.RedisURL, redisNote)
+`, base, redact(c.DatabaseURL), pgNote, c.RedisURL, redisNote, c.AdminToken, adminNote)
 	})
 }
 
@@ -406,4 +415,14 @@ func redact(dsn string) string {
 		}
 	}
 	return dsn
+}
+
+// devAdminToken is a fresh admin token for one dev run; a developer who
+// wants a stable one sets DOJO_ADMIN_TOKEN.
+func devAdminToken() string {
+	var b [24]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on supported platforms
+	}
+	return "dojo_admin_" + hex.EncodeToString(b[:])
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,6 +104,20 @@ func TestDevPrivateWalkthrough(t *testing.T) {
 	if err == nil || !strings.Contains(string(got), "step account_register was refused") || !strings.Contains(string(got), "INVALID_PASSWORD") ||
 		strings.Contains(string(got), "UNAUTHORIZED") {
 		t.Errorf("a failing walkthrough step: err %v, output:\n%s", err, got)
+	}
+
+	// The printed admin token registers a Kizuna agent.
+	admin := regexp.MustCompile(`Admin token \(DOJO_ADMIN_TOKEN, generated for this run\):\s+(dojo_admin_[0-9a-f]{48})`).FindStringSubmatch(printed)
+	if admin == nil {
+		t.Fatalf("banner has no generated admin token:\n%s", printed)
+	}
+	req, _ := http.NewRequest(http.MethodPost, base+"/api/v1/agents",
+		strings.NewReader(`{"name":"Dev box","capabilities":"","webhook_url":"http://127.0.0.1:7788"}`))
+	req.Header.Set("Authorization", "Bearer "+admin[1])
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusCreated {
+		t.Errorf("register with the printed admin token: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 
 	// dojo check audits this run's private database, found through --dir.

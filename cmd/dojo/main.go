@@ -99,6 +99,8 @@ type config struct {
 	Timeout      string
 	Grace        string
 	DBMaxConns   string
+	// AdminToken grants the Kizuna hub's admin paths (DOJO_ADMIN_TOKEN).
+	AdminToken string
 	// Dev marks `dojo dev`: loopback clients skip the per-address limits.
 	Dev bool
 }
@@ -126,6 +128,7 @@ func env() config {
 		Timeout:      get("DOJO_RECEIVER_TIMEOUT", "10s"),
 		Grace:        get("DOJO_DELIVERY_GRACE", "15s"),
 		DBMaxConns:   os.Getenv("DOJO_DB_MAX_CONNS"),
+		AdminToken:   strings.TrimSpace(os.Getenv("DOJO_ADMIN_TOKEN")),
 	}
 }
 
@@ -175,6 +178,9 @@ func (c config) options() (relay.Options, error) {
 	if err != nil || grace <= timeout {
 		return relay.Options{}, fmt.Errorf("DOJO_DELIVERY_GRACE: want a duration longer than DOJO_RECEIVER_TIMEOUT, got %q", c.Grace)
 	}
+	if c.AdminToken != "" && len(c.AdminToken) < 16 {
+		return relay.Options{}, errors.New("DOJO_ADMIN_TOKEN: want at least 16 characters")
+	}
 	maxConns := 0
 	if c.DBMaxConns != "" {
 		if maxConns, err = strconv.Atoi(c.DBMaxConns); err != nil || maxConns < 1 {
@@ -190,6 +196,7 @@ func (c config) options() (relay.Options, error) {
 		PublicURL: public, Limits: limits, TrustedProxies: proxies, Log: log,
 		SecretKey: key, AllowTargets: allow, Queue: c.Queue, LadderScale: scale,
 		ReceiverTimeout: timeout, DeliveryGrace: grace, DBMaxConns: maxConns, LoopbackUnlimited: c.Dev,
+		AdminToken: c.AdminToken,
 	}, nil
 }
 

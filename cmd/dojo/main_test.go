@@ -101,6 +101,7 @@ func TestServeRefusesToStart(t *testing.T) {
 		{"redis down", map[string]string{"DATABASE_URL": good, "REDIS_URL": "redis://127.0.0.1:1/0"}, "redis at 127.0.0.1:1 is unreachable"},
 		{"no secret key", map[string]string{"DATABASE_URL": good, "DOJO_SECRET_KEY": ""}, "DOJO_SECRET_KEY is not set: run `dojo keygen`"},
 		{"bad secret key", map[string]string{"DATABASE_URL": good, "DOJO_SECRET_KEY": "nope"}, "DOJO_SECRET_KEY:"},
+		{"short admin token", map[string]string{"DATABASE_URL": good, "DOJO_ADMIN_TOKEN": "guessable"}, "DOJO_ADMIN_TOKEN: want at least 16 characters"},
 	}
 	for _, c := range cases {
 		c.env["DOJO_ADDR"] = freeAddr(t)

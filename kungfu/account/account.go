@@ -265,3 +265,40 @@ func checkPassword(p string) error {
 	}
 	return nil
 }
+
+// CreateTx creates a password-less account named name with a fresh Agent
+// key and the signup grant inside tx. Doors whose agents never log in as an
+// owner (Kizuna) create the account in the transaction that writes their
+// own row, so neither exists without the other. A taken name is
+// NAME_TAKEN; tx is then aborted and must be rolled back.
+func (s *Service) CreateTx(ctx context.Context, tx pgx.Tx, name string) (Issued, error) {
+	if err := checkName(name); err != nil {
+		return Issued{}, err
+	}
+	key, keyHash := newKey()
+	now := s.Now()
+	var id int64
+	err := tx.QueryRow(ctx,
+		`INSERT INTO accounts (name, password_hash, created_at, updated_at)
+		 VALUES ($1, '', $2, $2) RETURNING id`, name, now).Scan(&id)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "accounts_name_key" {
+		return Issued{}, kungfu.Errorf(kungfu.CodeNameTaken, "the name %q is taken", name)
+	}
+	if err != nil {
+		return Issued{}, fmt.Errorf("create account: %w", err)
+	}
+	if err := insertKey(ctx, tx, id, keyHash, key, now); err != nil {
+		return Issued{}, fmt.Errorf("create account: %w", err)
+	}
+	if _, err := credits.Apply(ctx, tx, now, credits.Movement{
+		AccountID: id, Type: credits.GrantSignup, Amount: credits.SignupGrant,
+		RefType: "account", RefID: fmt.Sprint(id),
+	}); err != nil {
+		return Issued{}, fmt.Errorf("create account: %w", err)
+	}
+	return Issued{AccountID: id, Name: name, APIKey: key}, nil
+}
+
+// CheckName reports why name cannot be an account name, or nil.
+func CheckName(name string) error { return checkName(name) }
