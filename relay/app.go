@@ -225,7 +225,7 @@ func Open(ctx context.Context, o Options) (*App, error) {
 	letters := &kizuna.Delivery{DB: pool, Client: outbound, Keys: o.SecretKey, Now: o.Clock,
 		LadderScale: o.LadderScale, Timeout: o.ReceiverTimeout, Log: o.Log}
 	letters.Register(engine, o.Sweep)
-	hub := &kizuna.Hub{DB: pool, Accounts: accounts, Keys: o.SecretKey, AdminToken: o.AdminToken,
+	hub := &kizuna.Hub{DB: pool, Accounts: accounts, Keys: o.SecretKey, AdminToken: o.AdminToken, URL: o.PublicURL,
 		Deliver: letters, Now: o.Clock, Log: o.Log}
 	reg, err := tool.NewRegistry(append(tool.Kungfu(tool.Services{
 		Accounts:  accounts,
@@ -249,6 +249,14 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		Door: &karmadue.Door{Agents: agents, Redis: rdb, Prefix: prefix, Now: o.Clock},
 		Hub:  hub,
 	})
+	// The hub answers 429 in its own error shape from the same Redis windows.
+	if srv.limiter != nil {
+		hub.Limits = srv.limiter
+	}
+	hub.ClientIP = func(r *http.Request) (string, bool) {
+		ip := srv.clientIP(r)
+		return ip, srv.unlimited(ip)
+	}
 	return &App{Server: srv, Threads: threads, Tasks: tasks, Notify: notes, Engine: engine, Deployment: dep, DB: pool, Redis: rdb, log: o.Log}, nil
 }
 

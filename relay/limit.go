@@ -38,6 +38,14 @@ func DefaultLimits() map[string]Rule {
 		// Tasks.
 		"task_submit": {120, time.Minute},
 		"task_create": {20, time.Hour},
+		// The Kizuna hub (adapters/kizuna): registrations per address,
+		// letters, results and heartbeats per agent token, card reads per
+		// address.
+		"kz_register":  {20, time.Hour},
+		"kz_send":      {120, time.Minute},
+		"kz_result":    {120, time.Minute},
+		"kz_heartbeat": {30, time.Minute},
+		"kz_card":      {300, time.Minute},
 	}
 }
 

@@ -45,9 +45,17 @@ type Hub struct {
 	Keys *signing.ServerKey
 	// AdminToken grants the admin paths; empty disables them.
 	AdminToken string
-	Deliver    Deliverer
-	Now        kungfu.Clock
-	Log        *slog.Logger
+	// URL is the hub's public address, for install prompts; empty means
+	// the request's own host.
+	URL     string
+	Deliver Deliverer
+	// Limits is the shared rate limiter (hub_card.go); nil limits nothing.
+	Limits Limiter
+	// ClientIP names the request's client address and whether per-address
+	// limits are lifted for it.
+	ClientIP func(*http.Request) (ip string, unlimited bool)
+	Now      kungfu.Clock
+	Log      *slog.Logger
 }
 
 // SecretPurpose is the sealing purpose of an agent's endpoint secret.
@@ -59,16 +67,19 @@ func SecretPurpose(accountID int64) string {
 // /api/v1/{tool}: methods are checked here, so a wrong method on a hub
 // path is the hub's 405, never a tool lookup.
 func (h *Hub) Mount(r *mux.Router) {
-	r.HandleFunc("/api/v1/agents", h.route(map[string]handler{
-		http.MethodPost: h.register, http.MethodGet: h.listAgents}))
+	r.HandleFunc("/api/v1/agents", h.limit(http.MethodPost, LimitRegister, byIPUnlessAdmin, h.route(map[string]handler{
+		http.MethodPost: h.register, http.MethodGet: h.listAgents})))
 	r.HandleFunc("/api/v1/agents/{id}", h.route(map[string]handler{
 		http.MethodGet: h.getAgent, http.MethodPatch: h.patchAgent, http.MethodDelete: h.deleteAgent}))
-	r.HandleFunc("/api/v1/heartbeat", h.route(map[string]handler{http.MethodPost: h.heartbeat}))
-	r.HandleFunc("/api/v1/tasks", h.route(map[string]handler{http.MethodPost: h.send}))
+	r.HandleFunc("/api/v1/agents/{id}/agent-card.json", h.limit(http.MethodGet, LimitCard, byIP, h.serveCard))
+	r.HandleFunc("/.well-known/agent-card.json", h.limit(http.MethodGet, LimitCard, byIP, h.serveCard))
+	r.HandleFunc("/api/v1/heartbeat", h.limit(http.MethodPost, LimitHeartbeat, byToken, h.route(map[string]handler{http.MethodPost: h.heartbeat})))
+	r.HandleFunc("/api/v1/tasks", h.limit(http.MethodPost, LimitSend, byToken, h.route(map[string]handler{http.MethodPost: h.send, http.MethodGet: h.listTasks})))
 	r.HandleFunc("/api/v1/tasks/{id}", h.route(map[string]handler{http.MethodGet: h.getTask}))
-	results := h.route(map[string]handler{http.MethodPost: h.postResult, http.MethodGet: h.results})
+	results := h.limit(http.MethodPost, LimitResult, byToken, h.route(map[string]handler{http.MethodPost: h.postResult, http.MethodGet: h.results}))
 	r.HandleFunc("/api/v1/tasks/{id}/result", results)
 	r.HandleFunc("/api/v1/tasks/{id}/results", results)
+	h.mountAdmin(r)
 }
 
 // handler answers with a status and a JSON value, or an error.
