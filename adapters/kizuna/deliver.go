@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -322,7 +321,7 @@ func (d *Delivery) post(ctx context.Context, l letter, turn *queue.Turn) attempt
 	defer resp.Body.Close()
 	body, rerr := io.ReadAll(io.LimitReader(resp.Body, maxReply))
 	turn.Done(ctx, queue.Answered)
-	a := attempt{status: resp.StatusCode, latency: time.Since(start), reply: excerpt(body)}
+	a := attempt{status: resp.StatusCode, latency: time.Since(start), reply: kungfu.Excerpt(body)}
 	var ack struct {
 		TaskID *string `json:"task_id"`
 	}
@@ -348,20 +347,6 @@ func isTimeout(err error) bool {
 	return errors.As(err, &t) && t.Timeout()
 }
 
-// excerpt keeps the first 4 000 bytes of a reply as text PostgreSQL
-// accepts: a letterbox is a stranger, and invalid UTF-8 or a NUL would
-// make recording its answer fail.
-func excerpt(b []byte) string {
-	s := strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", "\uFFFD")
-	if len(s) <= 4000 {
-		return s
-	}
-	cut := 4000
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
-}
 
 // record writes attempt a's outcome and either finishes the letter or
 // schedules the next attempt.

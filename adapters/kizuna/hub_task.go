@@ -251,17 +251,27 @@ func (c caller) party(l hubLetter) bool {
 	return c.Admin || c.AccountID == l.From || c.AccountID == l.To
 }
 
-func (h *Hub) getTask(r *http.Request) (int, any, error) {
+// partyLetter is the letter the path names, for its sender, its
+// recipient or the admin; anyone else is refused.
+func (h *Hub) partyLetter(r *http.Request) (hubLetter, error) {
 	c, err := h.auth(r)
 	if err != nil {
-		return 0, nil, err
+		return hubLetter{}, err
 	}
 	l, err := h.findLetter(r.Context(), h.DB, mux.Vars(r)["id"], false)
 	if err != nil {
-		return 0, nil, err
+		return hubLetter{}, err
 	}
 	if !c.party(l) {
-		return 0, nil, errForbidden
+		return hubLetter{}, errForbidden
+	}
+	return l, nil
+}
+
+func (h *Hub) getTask(r *http.Request) (int, any, error) {
+	l, err := h.partyLetter(r)
+	if err != nil {
+		return 0, nil, err
 	}
 	var doc struct {
 		Content json.RawMessage `json:"content"`
@@ -442,16 +452,9 @@ type resultView struct {
 
 // results is a letter's result history, oldest first.
 func (h *Hub) results(r *http.Request) (int, any, error) {
-	c, err := h.auth(r)
+	l, err := h.partyLetter(r)
 	if err != nil {
 		return 0, nil, err
-	}
-	l, err := h.findLetter(r.Context(), h.DB, mux.Vars(r)["id"], false)
-	if err != nil {
-		return 0, nil, err
-	}
-	if !c.party(l) {
-		return 0, nil, errForbidden
 	}
 	rows, err := h.DB.Query(r.Context(), `SELECT state, category, message, result::text, at FROM kz_results WHERE letter_id = $1 ORDER BY id`, l.ID)
 	if err != nil {

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/santhosh-tekuri/jsonschema/v6"
@@ -619,21 +618,6 @@ func classify(o Outcome) (state, failure string) {
 	return "uncertain", ""
 }
 
-// excerpt is the first 4000 bytes of a reply, cut on a rune boundary, with
-// invalid UTF-8 replaced.
-func excerpt(b []byte) string {
-	// A receiver is a stranger too: PostgreSQL text holds neither invalid
-	// UTF-8 nor NUL, and either would make recording its verdict fail.
-	s := strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", "\uFFFD")
-	if len(s) <= 4000 {
-		return s
-	}
-	cut := 4000
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
-}
 
 // record writes an attempt and its outcome. Locks go task, claim,
 // submission; a submission already settled by a concurrent writer keeps
@@ -666,7 +650,7 @@ func (s *Service) record(ctx context.Context, id int64, attempt int, o Outcome) 
 		var reply *string
 		if o.Status > 0 {
 			status = &o.Status
-			e := excerpt(o.Body)
+			e := kungfu.Excerpt(o.Body)
 			reply = &e
 		}
 		var errText *string

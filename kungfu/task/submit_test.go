@@ -4,7 +4,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"github.com/dojo-relay/dojo/kungfu"
 )
@@ -32,31 +31,6 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-func TestExcerpt(t *testing.T) {
-	if got := excerpt([]byte("short")); got != "short" {
-		t.Fatal(got)
-	}
-	long := strings.Repeat("é", 3000) // 6000 bytes, 2 bytes a rune
-	got := excerpt([]byte(long))
-	if len(got) != 4000 || !utf8.ValidString(got) {
-		t.Fatalf("len %d valid %v", len(got), utf8.ValidString(got))
-	}
-	odd := "x" + strings.Repeat("€", 2000) // 3-byte runes: the cut must step back
-	got = excerpt([]byte(odd))
-	if len(got) > 4000 || !utf8.ValidString(got) || len(got) < 3997 {
-		t.Fatalf("len %d valid %v", len(got), utf8.ValidString(got))
-	}
-	if got := excerpt([]byte{'a', 0xff, 'b'}); got != "a\uFFFDb" {
-		t.Fatalf("invalid UTF-8 not replaced: %q", got)
-	}
-	// A receiver's NUL would make PostgreSQL refuse the whole verdict.
-	if got := excerpt([]byte("a\x00b")); got != "a\uFFFDb" {
-		t.Fatalf("NUL not replaced: %q", got)
-	}
-	if excerpt(nil) != "" {
-		t.Fatal("empty body")
-	}
-}
 
 func TestContractNormalize(t *testing.T) {
 	c := Contract{Title: " T ", Requirements: "do", Receiver: ReceiverSpec{URL: "https://example.org/r"}, Price: 3}
