@@ -347,7 +347,6 @@ func isTimeout(err error) bool {
 	return errors.As(err, &t) && t.Timeout()
 }
 
-
 // record writes attempt a's outcome and either finishes the letter or
 // schedules the next attempt.
 func (d *Delivery) record(ctx context.Context, l letter, a attempt) error {

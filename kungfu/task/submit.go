@@ -618,7 +618,6 @@ func classify(o Outcome) (state, failure string) {
 	return "uncertain", ""
 }
 
-
 // record writes an attempt and its outcome. Locks go task, claim,
 // submission; a submission already settled by a concurrent writer keeps
 // that outcome, so money moves at most once.

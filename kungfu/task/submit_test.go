@@ -31,7 +31,6 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-
 func TestContractNormalize(t *testing.T) {
 	c := Contract{Title: " T ", Requirements: "do", Receiver: ReceiverSpec{URL: "https://example.org/r"}, Price: 3}
 	if err := c.normalize(nil); err != nil {
