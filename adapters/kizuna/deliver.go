@@ -377,9 +377,9 @@ func (d *Delivery) record(ctx context.Context, l letter, a attempt) error {
 		now := d.now()
 		switch {
 		case a.acked:
-			return d.finishTx(ctx, tx, l.id, now, "acked")
+			return finishTx(ctx, tx, l.id, now, "acked")
 		case l.n >= MaxAttempts:
-			return d.finishTx(ctx, tx, l.id, now, "delivery_failed")
+			return finishTx(ctx, tx, l.id, now, "delivery_failed")
 		}
 		next = now.Add(d.Gap(l.n))
 		_, err := tx.Exec(ctx, `UPDATE kz_letters SET state = 'queued', next_attempt_at = $2 WHERE id = $1`, l.id, next)
@@ -407,7 +407,7 @@ func (d *Delivery) finish(ctx context.Context, id int64, outcome string) error {
 		if finished != nil {
 			return nil
 		}
-		return d.finishTx(ctx, tx, id, d.now(), outcome)
+		return finishTx(ctx, tx, id, d.now(), outcome)
 	})
 	if err != nil {
 		return fmt.Errorf("kizuna: finish letter %d as %s: %w", id, outcome, err)
@@ -418,7 +418,7 @@ func (d *Delivery) finish(ctx context.Context, id int64, outcome string) error {
 // finishTx dequeues the letter and writes its one audit row, with the
 // whole attempt history, in the caller's transaction: the final state and
 // the audit are never apart.
-func (d *Delivery) finishTx(ctx context.Context, tx pgx.Tx, id int64, now time.Time, outcome string) error {
+func finishTx(ctx context.Context, tx pgx.Tx, id int64, now time.Time, outcome string) error {
 	acked := "NULL"
 	if outcome == "acked" {
 		acked = "$3"
@@ -439,4 +439,13 @@ func (d *Delivery) finishTx(ctx context.Context, tx pgx.Tx, id int64, now time.T
 			$3
 		FROM kz_letters l WHERE l.id = $1`, id, outcome, now)
 	return err
+}
+
+// Redeliver enqueues an attempt now under a key of its own: the keys of
+// the ladder's wake-ups are taken by the scheduled (or finished) tasks.
+func (d *Delivery) Redeliver(ctx context.Context, letterID int64) {
+	key := "now-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if err := d.Engine.EnqueueKey(ctx, TaskLetter, letterID, key, time.Time{}); err != nil {
+		d.log().Warn("letter redeliver enqueue failed; the sweep will retry", "letter", letterID, "err", err)
+	}
 }

@@ -35,6 +35,9 @@ const maxBody = 1 << 20
 // delivery sweep finds it.
 type Deliverer interface {
 	Enqueue(ctx context.Context, letterID int64)
+	// Redeliver wakes a letter at once even when a wake-up for its next
+	// rung is already scheduled (admin redeliver).
+	Redeliver(ctx context.Context, letterID int64)
 }
 
 // Hub serves the Kizuna hub API.

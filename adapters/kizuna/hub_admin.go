@@ -2,7 +2,6 @@ package kizuna
 
 import (
 	"bufio"
-	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
@@ -163,26 +162,11 @@ func gone(l hubLetter) *Error {
 	return invalid(field{"state", "the letter already left the queue (" + l.State + ")"})
 }
 
-// Redeliverer is a Deliverer that can wake a letter at once even when a
-// wake-up for its next rung is already scheduled.
-type Redeliverer interface {
-	Redeliver(ctx context.Context, letterID int64)
-}
-
-// Redeliver enqueues an attempt now under a key of its own: the keys of
-// the ladder's wake-ups are taken by the scheduled (or finished) tasks.
-func (d *Delivery) Redeliver(ctx context.Context, letterID int64) {
-	key := "now-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	if err := d.Engine.EnqueueKey(ctx, TaskLetter, letterID, key, time.Time{}); err != nil {
-		d.log().Warn("letter redeliver enqueue failed; the sweep will retry", "letter", letterID, "err", err)
-	}
-}
-
-// redeliver makes a queued letter due now. A letter being delivered
-// right now is left alone: its attempt decides what comes next.
-func (h *Hub) redeliver(r *http.Request) (int, any, error) {
+// pendingLetter runs change on the letter the path names, locked, when the
+// admin asks and the letter is still in the queue.
+func (h *Hub) pendingLetter(r *http.Request, change func(tx pgx.Tx, l *hubLetter) error) (hubLetter, error) {
 	if err := h.admin(r); err != nil {
-		return 0, nil, err
+		return hubLetter{}, err
 	}
 	var l hubLetter
 	err := pgx.BeginFunc(r.Context(), h.DB, func(tx pgx.Tx) error {
@@ -193,21 +177,28 @@ func (h *Hub) redeliver(r *http.Request) (int, any, error) {
 		if l.FinishedAt != nil {
 			return gone(l)
 		}
+		return change(tx, &l)
+	})
+	return l, err
+}
+
+// redeliver makes a queued letter due now. A letter being delivered
+// right now is left alone: its attempt decides what comes next.
+func (h *Hub) redeliver(r *http.Request) (int, any, error) {
+	l, err := h.pendingLetter(r, func(tx pgx.Tx, l *hubLetter) error {
 		if l.State != "queued" {
 			return nil
 		}
 		now := h.now()
 		l.NextAt = &now
-		_, err = tx.Exec(r.Context(), `UPDATE kz_letters SET next_attempt_at = $2 WHERE id = $1`, l.ID, now)
+		_, err := tx.Exec(r.Context(), `UPDATE kz_letters SET next_attempt_at = $2 WHERE id = $1`, l.ID, now)
 		return err
 	})
 	if err != nil {
 		return 0, nil, err
 	}
-	if rd, ok := h.Deliver.(Redeliverer); ok {
-		rd.Redeliver(r.Context(), l.ID)
-	} else if h.Deliver != nil {
-		h.Deliver.Enqueue(r.Context(), l.ID)
+	if h.Deliver != nil {
+		h.Deliver.Redeliver(r.Context(), l.ID)
 	}
 	return http.StatusAccepted, map[string]any{"task_id": l.TaskID, "state": l.State, "next_attempt_at": stampPtr(l.NextAt)}, nil
 }
@@ -216,21 +207,8 @@ func (h *Hub) redeliver(r *http.Request) (int, any, error) {
 // transaction that sets its final state. An attempt in flight still ends,
 // but its outcome no longer counts: record sees the letter finished.
 func (h *Hub) cancel(r *http.Request) (int, any, error) {
-	if err := h.admin(r); err != nil {
-		return 0, nil, err
-	}
-	var l hubLetter
-	err := pgx.BeginFunc(r.Context(), h.DB, func(tx pgx.Tx) error {
-		var err error
-		if l, err = h.findLetter(r.Context(), tx, mux.Vars(r)["id"], true); err != nil {
-			return err
-		}
-		if l.FinishedAt != nil {
-			return gone(l)
-		}
-		// finishTx needs nothing of the Delivery: the audit has one writer.
-		var d Delivery
-		return d.finishTx(r.Context(), tx, l.ID, h.now(), "cancelled")
+	l, err := h.pendingLetter(r, func(tx pgx.Tx, l *hubLetter) error {
+		return finishTx(r.Context(), tx, l.ID, h.now(), "cancelled")
 	})
 	if err != nil {
 		return 0, nil, err

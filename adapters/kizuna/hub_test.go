@@ -39,6 +39,9 @@ type hubRecorder struct {
 	committed []bool
 }
 
+// Redeliver is recorded like a first hand-over.
+func (r *hubRecorder) Redeliver(ctx context.Context, id int64) { r.Enqueue(ctx, id) }
+
 func (r *hubRecorder) Enqueue(ctx context.Context, id int64) {
 	var ok bool
 	_ = r.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM kz_letters WHERE id = $1)`, id).Scan(&ok)
