@@ -80,6 +80,10 @@ type Options struct {
 	// AdminToken grants the Kizuna hub's admin paths (DOJO_ADMIN_TOKEN);
 	// empty disables them.
 	AdminToken string
+	// BoxDir holds letterbox builds served to install scripts
+	// (DOJO_BOX_DIR); BoxSelf is an executable that runs as dojo-box on
+	// the host's own platform, served when BoxDir has none for it.
+	BoxDir, BoxSelf string
 	// BcryptCost is for tests; zero means bcrypt's default.
 	BcryptCost int
 	Clock      kungfu.Clock
@@ -226,7 +230,7 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		LadderScale: o.LadderScale, Timeout: o.ReceiverTimeout, Log: o.Log}
 	letters.Register(engine, o.Sweep)
 	hub := &kizuna.Hub{DB: pool, Accounts: accounts, Keys: o.SecretKey, AdminToken: o.AdminToken, URL: o.PublicURL,
-		Deliver: letters, Now: o.Clock, Log: o.Log}
+		Deliver: letters, BoxDir: o.BoxDir, Self: o.BoxSelf, Now: o.Clock, Log: o.Log}
 	reg, err := tool.NewRegistry(append(tool.Kungfu(tool.Services{
 		Accounts:  accounts,
 		Memories:  &memory.Service{DB: pool, Now: o.Clock},

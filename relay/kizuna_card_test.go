@@ -191,4 +191,18 @@ func TestKizunaRateLimited(t *testing.T) {
 	if resp, _ := getRaw(t, card, "203.0.113.8"); resp.StatusCode != http.StatusOK {
 		t.Errorf("another address was limited: %d", resp.StatusCode)
 	}
+	// HEAD does a GET's work and pays a GET's limit.
+	head := func() int {
+		req, _ := http.NewRequest(http.MethodHead, card, nil)
+		req.Header.Set("X-Forwarded-For", "203.0.113.9")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if a, b, c := head(), head(), head(); a != http.StatusOK || b != http.StatusOK || c != http.StatusTooManyRequests {
+		t.Errorf("HEAD statuses %d %d %d, want 200 200 429", a, b, c)
+	}
 }

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dojo-relay/dojo/queue"
 	"github.com/dojo-relay/dojo/relay"
 )
 
@@ -534,5 +535,72 @@ func TestKizunaDeletedRecipient(t *testing.T) {
 	b.Box.setFailing(false)
 	if view := waitOutcome(t, d, a.Token, id); view.str("outcome") != "acked" || len(b.Box.letters()) != 1 {
 		t.Fatalf("the letter in flight did not keep going: %s", view.Raw)
+	}
+}
+
+// Deliveries to one agent are bounded across the engine's workers: its
+// letterbox address holds at most queue.DefaultHostLimit attempts at once,
+// so a slow box cannot take every worker, and letters to another agent
+// still go out meanwhile.
+func TestKizunaPerAgentBound(t *testing.T) {
+	t.Parallel()
+	d := start(t, withAdmin, withLadder(0.001))
+	a, fast := enroll(t, d, "BoundSender"), enroll(t, d, "FastTarget")
+	slow := enroll(t, d, "SlowTarget")
+	var mu sync.Mutex
+	inFlight, peak := 0, 0
+	release := make(chan struct{})
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		inFlight++
+		peak = max(peak, inFlight)
+		mu.Unlock()
+		<-release
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+		slow.Box.deliver(w, r)
+	}))
+	t.Cleanup(front.Close)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	if r := hub(t, http.MethodPatch, d.URL+"/api/v1/agents/"+slow.ID, kzAdmin, map[string]any{"webhook_url": front.URL}); r.Status != http.StatusOK {
+		t.Fatalf("patch webhook: %d %s", r.Status, r.Raw)
+	}
+	send := func(to string) string {
+		r := hub(t, http.MethodPost, d.URL+"/api/v1/tasks", a.Token, map[string]any{"to": to, "content": map[string]any{"title": "t", "body": "b"}})
+		if r.Status != http.StatusAccepted {
+			t.Fatalf("send: %d %s", r.Status, r.Raw)
+		}
+		return r.str("task_id")
+	}
+	var slowIDs []string
+	for range 10 {
+		slowIDs = append(slowIDs, send(slow.ID))
+	}
+	waitFor(t, 10*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return inFlight == queue.DefaultHostLimit })
+	// The slow box holds its share; another agent's letter is not queued behind it.
+	fastID := send(fast.ID)
+	waitFor(t, 10*time.Second, func() bool { return len(fast.Box.hits(fastID)) == 1 })
+	mu.Lock()
+	if peak > queue.DefaultHostLimit {
+		t.Errorf("peak %d deliveries in flight to one agent, want at most %d", peak, queue.DefaultHostLimit)
+	}
+	mu.Unlock()
+	close(release)
+	for _, id := range slowIDs {
+		if v := waitOutcome(t, d, a.Token, id); v.str("outcome") != "acked" {
+			t.Errorf("letter %s: %s", id, v.Raw)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if peak != queue.DefaultHostLimit {
+		t.Errorf("peak %d, want exactly %d", peak, queue.DefaultHostLimit)
 	}
 }

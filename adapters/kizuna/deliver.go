@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	neturl "net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -206,7 +207,7 @@ func (d *Delivery) Deliver(ctx context.Context, id int64) error {
 	}
 	defer turn.Done(ctx, queue.Unsent)
 
-	l, ok, err := d.claim(ctx, id)
+	l, ok, sealed, to, err := d.claim(ctx, id)
 	if err != nil || !ok {
 		return err
 	}
@@ -216,73 +217,93 @@ func (d *Delivery) Deliver(ctx context.Context, id int64) error {
 	case l.exhausted:
 		return d.finish(ctx, l.id, "delivery_failed")
 	}
+	secret, err := d.Keys.Open(sealed, SecretPurpose(to))
+	if err != nil {
+		// Sealed under another server key: no attempt can be signed. The
+		// claimed attempt says why, and the letter ends.
+		d.log().Error("letter target's endpoint secret cannot be opened", "letter", id, "err", err)
+		return d.record(ctx, l, attempt{err: "the target's endpoint secret cannot be opened"}, "invalid_target")
+	}
+	l.secret = string(secret)
 	a := d.post(ctx, l, turn)
-	return d.record(ctx, l, a)
+	return d.record(ctx, l, a, d.outcome(l, a))
 }
 
-// claim takes the due attempt in PostgreSQL: it counts it and leases the
-// letter until the POST must have ended, so a duplicate task finds it not
-// due and a process that dies mid-POST leaves it due again after the
-// lease. The attempt row is written now, so even a lost attempt shows.
-// The lock waits rather than skips: a task that skipped a row the sweep
-// held for an instant would end, and its id, kept in Redis for
-// queue.Retention, would stop the sweep from waking the letter again.
-// A concurrent claim that waited sees the lease and finds nothing due.
-func (d *Delivery) claim(ctx context.Context, id int64) (letter, bool, error) {
-	var l letter
-	ok := false
-	err := pgx.BeginFunc(ctx, d.DB, func(tx pgx.Tx) error {
-		now := d.now()
-		var to *int64
-		var url *string
-		var sealed []byte
-		var enabled *bool
-		err := tx.QueryRow(ctx, `SELECT l.id, l.task_id, l.body::text, l.attempts, l.to_account, a.webhook_url, a.endpoint_secret, a.enabled
-			FROM kz_letters l LEFT JOIN kz_agents a ON a.account_id = l.to_account
-			WHERE l.id = $1 AND l.finished_at IS NULL AND (l.next_attempt_at IS NULL OR l.next_attempt_at <= $2)
-			FOR UPDATE OF l`, id, now).Scan(&l.id, &l.taskID, &l.body, &l.n, &to, &url, &sealed, &enabled)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		ok = true
-		switch {
-		case to == nil || url == nil:
-			l.invalid = "unknown target"
-			return nil
-		case enabled != nil && !*enabled:
-			l.invalid = "target disabled"
-			return nil
-		case strings.TrimSpace(*url) == "":
-			l.invalid = "target has no webhook"
-			return nil
-		case l.n >= MaxAttempts:
-			l.exhausted = true
-			return nil
-		}
-		secret, err := d.Keys.Open(sealed, SecretPurpose(*to))
-		if err != nil {
-			// Sealed under another server key: no attempt can be signed.
-			d.log().Error("letter target's endpoint secret cannot be opened", "letter", id, "err", err)
-			l.invalid = "endpoint secret unreadable"
-			return nil
-		}
-		l.secret, l.url = string(secret), strings.TrimRight(*url, "/")+"/kizuna/deliver"
-		l.n++
-		if _, err := tx.Exec(ctx, `UPDATE kz_letters SET state = 'delivering', attempts = $2, next_attempt_at = $3 WHERE id = $1`,
-			id, l.n, now.Add(d.timeout()+leaseMargin)); err != nil {
-			return err
-		}
-		_, err = tx.Exec(ctx, `INSERT INTO kz_attempts (letter_id, n, at, error) VALUES ($1, $2, $3, 'no outcome recorded: the attempt was interrupted')`,
-			id, l.n, now)
-		return err
-	})
+// claimSQL takes the due attempt of a letter whose target can receive: it
+// counts the attempt and leases the letter until the POST must have ended,
+// so a duplicate task finds it not due and a process that dies mid-POST
+// leaves it due again after the lease. The attempt row is written at once,
+// so even a lost attempt shows. The row lock waits rather than skips: a
+// task that skipped a row the sweep held for an instant would end, and its
+// id, kept in Redis for queue.Retention, would stop the sweep from waking
+// the letter again. A claim that waited re-reads the row, sees the lease
+// and finds nothing due.
+const claimSQL = `WITH c AS (
+		UPDATE kz_letters l SET state = 'delivering', attempts = l.attempts + 1, next_attempt_at = $3
+		FROM kz_agents a
+		WHERE l.id = $1 AND l.finished_at IS NULL AND (l.next_attempt_at IS NULL OR l.next_attempt_at <= $2)
+			AND l.attempts < ` + maxAttemptsSQL + `
+			AND a.account_id = l.to_account AND a.enabled AND btrim(a.webhook_url) <> ''
+		RETURNING l.id, l.attempts)
+	INSERT INTO kz_attempts (letter_id, n, at, error)
+	SELECT id, attempts, $2, 'no outcome recorded: the attempt was interrupted' FROM c`
+
+const maxAttemptsSQL = "6" // MaxAttempts, spelled for SQL
+
+// claim runs claimSQL and reads the letter in one round trip (a batch is
+// one implicit transaction). When nothing was claimed, the read tells
+// whether the letter is simply not due or can never be delivered.
+func (d *Delivery) claim(ctx context.Context, id int64) (l letter, ok bool, sealed []byte, to int64, err error) {
+	now := d.now()
+	lease := now.Add(d.timeout() + leaseMargin)
+	b := &pgx.Batch{}
+	b.Queue(claimSQL, id, now, lease)
+	b.Queue(`SELECT l.id, l.task_id, l.body::text, l.attempts, l.to_account, a.webhook_url, a.endpoint_secret, a.enabled,
+			l.finished_at IS NULL AND (l.next_attempt_at IS NULL OR l.next_attempt_at <= $2)
+		FROM kz_letters l LEFT JOIN kz_agents a ON a.account_id = l.to_account WHERE l.id = $1`, id, now)
+	br := d.DB.SendBatch(ctx, b)
+	defer br.Close()
+	tag, err := br.Exec()
 	if err != nil {
-		return letter{}, false, fmt.Errorf("kizuna: claim letter %d: %w", id, err)
+		return letter{}, false, nil, 0, fmt.Errorf("kizuna: claim letter %d: %w", id, err)
 	}
-	return l, ok, nil
+	claimed := tag.RowsAffected() == 1
+	var (
+		toAcc   *int64
+		url     *string
+		enabled *bool
+		due     bool
+	)
+	err = br.QueryRow().Scan(&l.id, &l.taskID, &l.body, &l.n, &toAcc, &url, &sealed, &enabled, &due)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return letter{}, false, nil, 0, nil
+	}
+	if err == nil {
+		err = br.Close()
+	}
+	if err != nil {
+		return letter{}, false, nil, 0, fmt.Errorf("kizuna: claim letter %d: %w", id, err)
+	}
+	if claimed {
+		l.url = DeliverURL(*url)
+		return l, true, sealed, *toAcc, nil
+	}
+	if !due {
+		return letter{}, false, nil, 0, nil
+	}
+	// Due but not claimable: the target cannot receive, or six attempts
+	// were claimed already. finish re-checks under its own lock.
+	switch {
+	case toAcc == nil || url == nil:
+		l.invalid = "unknown target"
+	case enabled != nil && !*enabled:
+		l.invalid = "target disabled"
+	case strings.TrimSpace(*url) == "":
+		l.invalid = "target has no webhook"
+	default:
+		l.exhausted = true
+	}
+	return l, true, nil, 0, nil
 }
 
 // attempt is how one POST went.
@@ -347,48 +368,75 @@ func isTimeout(err error) bool {
 	return errors.As(err, &t) && t.Timeout()
 }
 
-// record writes attempt a's outcome and either finishes the letter or
-// schedules the next attempt.
-func (d *Delivery) record(ctx context.Context, l letter, a attempt) error {
+// DeliverURL is where letters to a letterbox at webhook go: the path
+// gains /kizuna/deliver and a query, if any, stays a query.
+func DeliverURL(webhook string) string {
+	u, err := neturl.Parse(strings.TrimSpace(webhook))
+	if err != nil {
+		// Registration refuses such URLs; an old row fails at connect.
+		return strings.TrimRight(webhook, "/") + "/kizuna/deliver"
+	}
+	u.Path = strings.TrimRight(u.Path, "/") + "/kizuna/deliver"
+	u.RawPath = ""
+	u.Fragment = ""
+	return u.String()
+}
+
+// outcome is how the letter ends after attempt a, or "" when the ladder
+// goes on.
+func (d *Delivery) outcome(l letter, a attempt) string {
+	switch {
+	case a.acked:
+		return "acked"
+	case l.n >= MaxAttempts:
+		return "delivery_failed"
+	}
+	return ""
+}
+
+// record writes attempt a's outcome and either finishes the letter with
+// outcome or, when outcome is "", schedules the next attempt. It is one
+// round trip: a batch runs as one implicit transaction.
+func (d *Delivery) record(ctx context.Context, l letter, a attempt, outcome string) error {
 	// The attempt ran; its outcome must be written even if the task's
 	// context ended meanwhile (shutdown).
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
+	var status *int
+	if a.status != 0 {
+		status = &a.status
+	}
+	now := d.now()
 	var next time.Time
-	err := pgx.BeginFunc(ctx, d.DB, func(tx pgx.Tx) error {
-		var status *int
-		if a.status != 0 {
-			status = &a.status
-		}
-		if _, err := tx.Exec(ctx, `UPDATE kz_attempts SET status = $3, latency_ms = $4, error = $5, reply = $6 WHERE letter_id = $1 AND n = $2`,
-			l.id, l.n, status, a.latency.Milliseconds(), a.err, a.reply); err != nil {
-			return err
-		}
-		var attempts int
-		var finished *time.Time
-		if err := tx.QueryRow(ctx, `SELECT attempts, finished_at FROM kz_letters WHERE id = $1 FOR UPDATE`, l.id).Scan(&attempts, &finished); err != nil {
-			return err
-		}
-		if finished != nil || attempts != l.n {
-			// The lease ran out and another process took over (or an admin
-			// ended the letter): the newer attempt decides.
-			return nil
-		}
-		now := d.now()
-		switch {
-		case a.acked:
-			return finishTx(ctx, tx, l.id, now, "acked")
-		case l.n >= MaxAttempts:
-			return finishTx(ctx, tx, l.id, now, "delivery_failed")
-		}
+	b := &pgx.Batch{}
+	b.Queue(`UPDATE kz_attempts SET status = $3, latency_ms = $4, error = $5, reply = $6 WHERE letter_id = $1 AND n = $2`,
+		l.id, l.n, status, a.latency.Milliseconds(), a.err, a.reply)
+	// Only the attempt the letter still counts may move it: if the lease
+	// ran out and another process took over, or an admin ended the letter,
+	// the newer attempt or the admin decides.
+	if outcome == "" {
 		next = now.Add(d.Gap(l.n))
-		_, err := tx.Exec(ctx, `UPDATE kz_letters SET state = 'queued', next_attempt_at = $2 WHERE id = $1`, l.id, next)
-		return err
-	})
-	if err != nil {
+		b.Queue(`UPDATE kz_letters SET state = 'queued', next_attempt_at = $3
+			WHERE id = $1 AND attempts = $2 AND finished_at IS NULL`, l.id, l.n, next)
+	} else {
+		queueFinish(b, l.id, now, outcome, l.n)
+	}
+	br := d.DB.SendBatch(ctx, b)
+	var moved bool
+	for i := range b.Len() {
+		tag, err := br.Exec()
+		if err != nil {
+			br.Close()
+			return fmt.Errorf("kizuna: record attempt %d of letter %d: %w", l.n, l.id, err)
+		}
+		if i == 1 {
+			moved = tag.RowsAffected() == 1
+		}
+	}
+	if err := br.Close(); err != nil {
 		return fmt.Errorf("kizuna: record attempt %d of letter %d: %w", l.n, l.id, err)
 	}
-	if !next.IsZero() {
+	if moved && outcome == "" {
 		if err := d.enqueue(ctx, l.id, l.n+1, next); err != nil {
 			d.log().Warn("letter retry enqueue failed; the sweep will retry", "letter", l.id, "err", err)
 		}
@@ -399,35 +447,24 @@ func (d *Delivery) record(ctx context.Context, l letter, a attempt) error {
 // finish ends a letter that needs no attempt (invalid target, six
 // attempts already claimed).
 func (d *Delivery) finish(ctx context.Context, id int64, outcome string) error {
-	err := pgx.BeginFunc(ctx, d.DB, func(tx pgx.Tx) error {
-		var finished *time.Time
-		if err := tx.QueryRow(ctx, `SELECT finished_at FROM kz_letters WHERE id = $1 FOR UPDATE`, id).Scan(&finished); err != nil {
-			return err
-		}
-		if finished != nil {
-			return nil
-		}
-		return finishTx(ctx, tx, id, d.now(), outcome)
-	})
-	if err != nil {
+	b := &pgx.Batch{}
+	queueFinish(b, id, d.now(), outcome, -1)
+	if err := d.DB.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("kizuna: finish letter %d as %s: %w", id, outcome, err)
 	}
 	return nil
 }
 
-// finishTx dequeues the letter and writes its one audit row, with the
-// whole attempt history, in the caller's transaction: the final state and
-// the audit are never apart.
-func finishTx(ctx context.Context, tx pgx.Tx, id int64, now time.Time, outcome string) error {
-	acked := "NULL"
-	if outcome == "acked" {
-		acked = "$3"
-	}
-	if _, err := tx.Exec(ctx, `UPDATE kz_letters SET state = $2, finished_at = $3, next_attempt_at = NULL, acked_at = `+acked+` WHERE id = $1`,
-		id, outcome, now); err != nil {
-		return err
-	}
-	_, err := tx.Exec(ctx, `INSERT INTO kz_audit (letter_id, task_id, outcome, attempts, at)
+// The two statements that dequeue a letter: its final state, then its one
+// audit row with the whole attempt history. They always run in one
+// transaction, so the final state and the audit are never apart. The
+// audit row is written only when the first statement finished the letter
+// now ($3): a letter that was already finished keeps the audit it has.
+const (
+	finishSQL = `UPDATE kz_letters SET state = $2, finished_at = $3, next_attempt_at = NULL,
+			acked_at = CASE WHEN $2 = 'acked' THEN $3::timestamptz END
+		WHERE id = $1 AND finished_at IS NULL AND ($4::int < 0 OR attempts = $4)`
+	auditSQL = `INSERT INTO kz_audit (letter_id, task_id, outcome, attempts, at)
 		SELECT l.id, l.task_id, $2,
 			coalesce((SELECT json_agg(json_build_object(
 				'n', a.n,
@@ -437,8 +474,22 @@ func finishTx(ctx context.Context, tx pgx.Tx, id int64, now time.Time, outcome s
 				'error', a.error,
 				'reply', a.reply) ORDER BY a.n) FROM kz_attempts a WHERE a.letter_id = l.id), '[]'::json),
 			$3
-		FROM kz_letters l WHERE l.id = $1`, id, outcome, now)
-	return err
+		FROM kz_letters l WHERE l.id = $1 AND l.state = $2 AND l.finished_at = $3
+		ON CONFLICT (letter_id) DO NOTHING`
+)
+
+// queueFinish adds the dequeue of letter id to b; attempt >= 0 makes it
+// conditional on the letter still counting that attempt.
+func queueFinish(b *pgx.Batch, id int64, now time.Time, outcome string, attempt int) {
+	b.Queue(finishSQL, id, outcome, now, attempt)
+	b.Queue(auditSQL, id, outcome, now)
+}
+
+// finishTx dequeues letter id in the caller's transaction.
+func finishTx(ctx context.Context, tx pgx.Tx, id int64, now time.Time, outcome string) error {
+	b := &pgx.Batch{}
+	queueFinish(b, id, now, outcome, -1)
+	return tx.SendBatch(ctx, b).Close()
 }
 
 // Redeliver enqueues an attempt now under a key of its own: the keys of

@@ -50,8 +50,17 @@ type Hub struct {
 	AdminToken string
 	// URL is the hub's public address, for install prompts; empty means
 	// the request's own host.
-	URL     string
+	URL string
+	// BoxDir holds letterbox binaries as <os>-<arch>/dojo-box (dojo-box.exe
+	// on windows) for GET /install/dojo-box/{os}/{arch}; empty holds none.
+	BoxDir string
+	// Self is an executable that acts as dojo-box on the host's own
+	// platform, served when BoxDir has no binary for it; empty means none.
+	Self    string
 	Deliver Deliverer
+	// MaxQueued bounds the unfinished letters per sender and per
+	// recipient; zero means DefaultMaxQueued.
+	MaxQueued int
 	// Limits is the shared rate limiter (hub_card.go); nil limits nothing.
 	Limits Limiter
 	// ClientIP names the request's client address and whether per-address
@@ -82,6 +91,8 @@ func (h *Hub) Mount(r *mux.Router) {
 	results := h.limit(http.MethodPost, LimitResult, byToken, h.route(map[string]handler{http.MethodPost: h.postResult, http.MethodGet: h.results}))
 	r.HandleFunc("/api/v1/tasks/{id}/result", results)
 	r.HandleFunc("/api/v1/tasks/{id}/results", results)
+	r.HandleFunc("/install/dojo-box/{os}/{arch}", h.limit(http.MethodGet, LimitCard, byIP, h.serveBox))
+	r.HandleFunc("/install/{script}", h.limit(http.MethodGet, LimitCard, byIP, h.serveScript))
 	h.mountAdmin(r)
 }
 
@@ -117,6 +128,11 @@ func (h *Hub) write(w http.ResponseWriter, r *http.Request, status int, v any, e
 			e = &Error{Status: http.StatusInternalServerError, Code: "INTERNAL", Message: "internal error"}
 		}
 		status, v = e.Status, map[string]any{"error": e}
+		if d, ok := e.Details.(map[string]any); ok && w.Header().Get("Retry-After") == "" {
+			if secs, ok := d["retry_after"].(int); ok {
+				w.Header().Set("Retry-After", strconv.Itoa(secs))
+			}
+		}
 	}
 	// Titles and bodies are agents' text: "<" stays "<", not \u003c.
 	var buf bytes.Buffer

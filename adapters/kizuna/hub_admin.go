@@ -15,6 +15,8 @@ import (
 
 	"github.com/gorilla/mux"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/dojo-relay/dojo/kungfu/account"
 )
 
 // EnrollTTL is how long an enroll token can be spent.
@@ -57,8 +59,9 @@ func (h *Hub) hubURL(r *http.Request) string {
 
 // mintEnroll issues a single-use enroll token and its install prompt. The
 // four elements are checked like a registration so the console learns of
-// a bad form now, not when the script runs; the token is not bound to
-// them, because the script registers with what the owner's machine has.
+// a bad form now, not when the script runs, and stored with the token:
+// they bind the registration (see fill), and the script registers with an
+// empty body, so they become the agent.
 func (h *Hub) mintEnroll(r *http.Request) (int, any, error) {
 	if err := h.admin(r); err != nil {
 		return 0, nil, err
@@ -74,6 +77,11 @@ func (h *Hub) mintEnroll(r *http.Request) (int, any, error) {
 		return 0, nil, invalid(bad...)
 	}
 	if in.AgentID != nil && *in.AgentID != "" {
+		// Refused now, as registration would refuse it: a token bound to
+		// an id that can never be an account could only ever fail.
+		if account.CheckName(*in.AgentID) != nil {
+			return 0, nil, refuse(http.StatusConflict, "AGENT_CONFLICT", "agent_id %q is not a valid Dojo name (6-32 letters, digits, '_', '.', '-'; not reserved)", *in.AgentID)
+		}
 		taken := false
 		if err := h.DB.QueryRow(r.Context(), `SELECT EXISTS (SELECT 1 FROM accounts WHERE lower(name) = lower($1))`, *in.AgentID).Scan(&taken); err != nil {
 			return 0, nil, fmt.Errorf("enroll token: %w", err)
@@ -90,11 +98,18 @@ func (h *Hub) mintEnroll(r *http.Request) (int, any, error) {
 	sum := sha256.Sum256([]byte(token))
 	now := h.now()
 	expires := now.Add(EnrollTTL)
-	if _, err := h.DB.Exec(r.Context(), `INSERT INTO kz_enroll_tokens (token_hash, expires_at, created_at) VALUES ($1, $2, $3)`,
-		sum[:], expires, now); err != nil {
+	elems, err := json.Marshal(in.elements())
+	if err != nil {
 		return 0, nil, fmt.Errorf("enroll token: %w", err)
 	}
-	prompt := strings.NewReplacer("HUB", h.hubURL(r), "ENROLL_TOKEN", token).Replace(installPrompt)
+	if _, err := h.DB.Exec(r.Context(), `INSERT INTO kz_enroll_tokens (token_hash, expires_at, created_at, elements) VALUES ($1, $2, $3, $4)`,
+		sum[:], expires, now, string(elems)); err != nil {
+		return 0, nil, fmt.Errorf("enroll token: %w", err)
+	}
+	// The box listens on the webhook's port (see boxPort), so that is
+	// where the prompt's health check must look.
+	prompt := strings.NewReplacer("HUB", h.hubURL(r), "ENROLL_TOKEN", token,
+		"127.0.0.1:7788", "127.0.0.1:"+strconv.Itoa(webhookPort(in.WebhookURL))).Replace(installPrompt)
 	return http.StatusCreated, map[string]any{"enroll_token": token, "expires_at": stamp(expires), "prompt": prompt}, nil
 }
 
@@ -120,11 +135,14 @@ func (h *Hub) listTasks(r *http.Request) (int, any, error) {
 		}
 		where = append(where, "l.state = "+arg(s))
 	}
-	if s := q.Get("from"); s != "" {
-		where = append(where, "lower(f.name) = lower("+arg(s)+")")
-	}
-	if s := q.Get("to"); s != "" {
-		where = append(where, "lower(t.name) = lower("+arg(s)+")")
+	for _, k := range []string{"from", "to"} {
+		s, err := queryText(r, k, maxIDLen)
+		if err != nil {
+			return 0, nil, err
+		}
+		if s != "" {
+			where = append(where, "lower("+k[:1]+".name) = lower("+arg(s)+")")
+		}
 	}
 	from := ` FROM kz_letters l JOIN accounts f ON f.id = l.from_account LEFT JOIN accounts t ON t.id = l.to_account
 		WHERE ` + strings.Join(where, " AND ")
@@ -321,13 +339,21 @@ func (h *Hub) auditFilter(r *http.Request) (string, []any, error) {
 		}
 		where = append(where, "a.outcome = "+arg(outcome))
 	}
-	if s := q.Get("task_id"); s != "" {
+	filter := map[string]string{}
+	for _, k := range []string{"task_id", "from", "to"} {
+		s, err := queryText(r, k, maxIDLen)
+		if err != nil {
+			return "", nil, err
+		}
+		filter[k] = s
+	}
+	if s := filter["task_id"]; s != "" {
 		where = append(where, "a.task_id = "+arg(s))
 	}
-	if s := q.Get("from"); s != "" {
+	if s := filter["from"]; s != "" {
 		where = append(where, "lower(f.name) = lower("+arg(s)+")")
 	}
-	if s := q.Get("to"); s != "" {
+	if s := filter["to"]; s != "" {
 		where = append(where, "lower(t.name) = lower("+arg(s)+")")
 	}
 	for _, k := range []string{"since", "until"} {
@@ -357,26 +383,44 @@ func (h *Hub) auditExport(w http.ResponseWriter, r *http.Request, where string, 
 		return
 	}
 	defer rows.Close()
+	// The query's errors surface with the first row: check it before the
+	// 200 goes out, so a failed export is an error, not an empty file.
+	more := rows.Next()
+	if !more && rows.Err() != nil {
+		h.write(w, r, 0, nil, fmt.Errorf("audit export: %w", rows.Err()))
+		return
+	}
+	// A long export outlives the server's write timeout; it gets its own.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(exportTimeout))
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	bw := bufio.NewWriter(w)
 	enc := json.NewEncoder(bw)
 	enc.SetEscapeHTML(false)
-	for rows.Next() {
+	for ; more; more = rows.Next() {
 		a, err := scanAudit(rows)
 		if err == nil {
 			err = enc.Encode(a)
 		}
 		if err != nil {
-			h.log().ErrorContext(r.Context(), "kizuna audit export", "err", err)
-			return
+			h.abortExport(r, err)
 		}
 	}
 	if err := rows.Err(); err != nil {
-		h.log().ErrorContext(r.Context(), "kizuna audit export", "err", err)
+		h.abortExport(r, err)
 	}
 	_ = bw.Flush()
+}
+
+// exportTimeout bounds one JSONL audit export.
+const exportTimeout = 10 * time.Minute
+
+// abortExport breaks the connection of an export that failed after its
+// 200 went out: the client sees a cut stream, not a clean end of file.
+func (h *Hub) abortExport(r *http.Request, err error) {
+	h.log().ErrorContext(r.Context(), "kizuna audit export", "err", err)
+	panic(http.ErrAbortHandler)
 }
 
 // stats is the console's overview.

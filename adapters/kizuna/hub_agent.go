@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"reflect"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -56,7 +58,7 @@ func (in *agentInput) check(register bool) []field {
 		case v == nil:
 		case !utf8.ValidString(*v) || len(*v) > max:
 			bad = append(bad, field{name, fmt.Sprintf("must be at most %d bytes of text", max)})
-		case required && strings.TrimSpace(*v) == "" && name == "name":
+		case name == "name" && strings.TrimSpace(*v) == "":
 			bad = append(bad, field{name, "must not be empty"})
 		}
 	}
@@ -88,7 +90,7 @@ func (in *agentInput) check(register bool) []field {
 			bad = append(bad, field{"agent_card", "must be at most 64 KB"})
 		case json.Unmarshal(in.AgentCard, &card) != nil:
 			bad = append(bad, field{"agent_card", "must be an object"})
-		case json.Unmarshal(card["name"], &name) != nil:
+		case isNull(card["name"]) || json.Unmarshal(card["name"], &name) != nil || strings.TrimSpace(name) == "":
 			bad = append(bad, field{"agent_card.name", "is required and must be a string"})
 		}
 	}
@@ -107,8 +109,18 @@ func (h *Hub) register(r *http.Request) (int, any, error) {
 	if enroll == "" && in.EnrollToken != nil {
 		enroll = *in.EnrollToken
 	}
-	if !h.isAdmin(bearer(r)) && enroll == "" {
-		return 0, nil, errUnauthorized
+	useEnroll := !h.isAdmin(bearer(r))
+	if useEnroll {
+		if enroll == "" {
+			return 0, nil, errUnauthorized
+		}
+		elems, err := h.enrollElements(r.Context(), enroll)
+		if err != nil {
+			return 0, nil, err
+		}
+		if err := in.fill(elems); err != nil {
+			return 0, nil, err
+		}
 	}
 	if bad := in.check(true); len(bad) > 0 {
 		return 0, nil, invalid(bad...)
@@ -125,7 +137,7 @@ func (h *Hub) register(r *http.Request) (int, any, error) {
 		} else {
 			id = mintID(4 + try/4)
 		}
-		out, err := h.create(r.Context(), id, enroll, !h.isAdmin(bearer(r)), &in, secret)
+		out, err := h.create(r.Context(), id, enroll, useEnroll, &in, secret)
 		if e := kungfu.AsError(err); e != nil && e.Code == kungfu.CodeNameTaken {
 			if custom || try > 12 {
 				return 0, nil, refuse(http.StatusConflict, "AGENT_CONFLICT", "agent_id %q is taken", id)
@@ -179,6 +191,126 @@ func (h *Hub) create(ctx context.Context, id, enroll string, useEnroll bool, in 
 	return out, err
 }
 
+// elements are the four elements (and the optional tags and card) an
+// admin minted an enroll token with, stored with it as JSON.
+type elements struct {
+	AgentID      *string         `json:"agent_id,omitempty"`
+	Name         *string         `json:"name,omitempty"`
+	Capabilities *string         `json:"capabilities,omitempty"`
+	Tags         *[]string       `json:"capability_tags,omitempty"`
+	WebhookURL   *string         `json:"webhook_url,omitempty"`
+	AgentCard    json.RawMessage `json:"agent_card,omitempty"`
+}
+
+func (in *agentInput) elements() elements {
+	e := elements{AgentID: in.AgentID, Name: in.Name, Capabilities: in.Capabilities, Tags: in.Tags, WebhookURL: in.WebhookURL}
+	if !isNull(in.AgentCard) {
+		e.AgentCard = in.AgentCard
+	}
+	if e.AgentID != nil && *e.AgentID == "" {
+		e.AgentID = nil
+	}
+	return e
+}
+
+// fill binds the body to the token's elements: a field the admin stored
+// with the token comes from the token, and a body that gives it with
+// another value is refused (422 naming each such field) before the token
+// is spent. Only fields the admin left out may come from the body. The
+// install script sends {}, so it registers exactly the agent the admin
+// described; the token's holder cannot rename it, point its webhook
+// elsewhere or change what it claims to do.
+func (in *agentInput) fill(e elements) error {
+	var bad []field
+	bind := func(name string, same bool) {
+		if !same {
+			bad = append(bad, field{name, "differs from what this enroll token was issued with; leave it out"})
+		}
+	}
+	if e.AgentID != nil {
+		if in.AgentID != nil && *in.AgentID != "" {
+			// Agent ids are account names, which ignore case.
+			bind("agent_id", strings.EqualFold(*in.AgentID, *e.AgentID))
+		}
+		in.AgentID = e.AgentID
+	}
+	text := func(name string, body **string, token *string) {
+		if token == nil {
+			return
+		}
+		if *body != nil {
+			bind(name, **body == *token)
+		}
+		*body = token
+	}
+	text("name", &in.Name, e.Name)
+	text("capabilities", &in.Capabilities, e.Capabilities)
+	text("webhook_url", &in.WebhookURL, e.WebhookURL)
+	if e.Tags != nil {
+		if in.Tags != nil {
+			bind("capability_tags", slices.Equal(*in.Tags, *e.Tags))
+		}
+		in.Tags = e.Tags
+	}
+	if !isNull(e.AgentCard) {
+		if !isNull(in.AgentCard) {
+			bind("agent_card", sameJSON(in.AgentCard, e.AgentCard))
+		}
+		in.AgentCard = e.AgentCard
+	}
+	if len(bad) > 0 {
+		return invalid(bad...)
+	}
+	return nil
+}
+
+// sameJSON reports whether a and b hold the same JSON value: the stored
+// card went through PostgreSQL, which may reorder keys and drop spaces.
+func sameJSON(a, b json.RawMessage) bool {
+	var va, vb any
+	if json.Unmarshal(a, &va) != nil || json.Unmarshal(b, &vb) != nil {
+		return false
+	}
+	return reflect.DeepEqual(va, vb)
+}
+
+// enrollElements reads a spendable enroll token's elements, refusing an
+// unknown, used or expired token before the body is judged: a stale token
+// is the caller's real problem. spendEnroll stays the authority; this
+// read only gives the early, clear answer.
+func (h *Hub) enrollElements(ctx context.Context, token string) (elements, error) {
+	var (
+		e       elements
+		raw     *string
+		used    *time.Time
+		expires time.Time
+	)
+	sum := sha256.Sum256([]byte(token))
+	err := h.DB.QueryRow(ctx, `SELECT elements::text, used_at, expires_at FROM kz_enroll_tokens WHERE token_hash = $1`, sum[:]).
+		Scan(&raw, &used, &expires)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return e, errUnauthorized
+	case err != nil:
+		return e, fmt.Errorf("enroll token: %w", err)
+	case used != nil:
+		return e, errEnrollUsed
+	case !expires.After(h.now()):
+		return e, errEnrollExpired
+	}
+	if raw != nil {
+		if err := json.Unmarshal([]byte(*raw), &e); err != nil {
+			return e, fmt.Errorf("enroll token elements: %w", err)
+		}
+	}
+	return e, nil
+}
+
+var (
+	errEnrollUsed    = refuse(http.StatusGone, "ENROLL_TOKEN_USED", "this enroll token was already used")
+	errEnrollExpired = refuse(http.StatusGone, "ENROLL_TOKEN_EXPIRED", "this enroll token has expired")
+)
+
 // spendEnroll marks an enroll token used; only its SHA-256 is stored.
 func spendEnroll(ctx context.Context, tx pgx.Tx, token string, now time.Time) error {
 	sum := sha256.Sum256([]byte(token))
@@ -197,9 +329,9 @@ func spendEnroll(ctx context.Context, tx pgx.Tx, token string, now time.Time) er
 	case err != nil:
 		return err
 	case used != nil:
-		return refuse(http.StatusGone, "ENROLL_TOKEN_USED", "this enroll token was already used")
+		return errEnrollUsed
 	}
-	return refuse(http.StatusGone, "ENROLL_TOKEN_EXPIRED", "this enroll token has expired")
+	return errEnrollExpired
 }
 
 func mintID(n int) string {
@@ -227,7 +359,7 @@ type agentView struct {
 	Name         string          `json:"name"`
 	Capabilities string          `json:"capabilities"`
 	Tags         []string        `json:"capability_tags"`
-	WebhookURL   string          `json:"webhook_url"`
+	WebhookURL   string          `json:"webhook_url,omitempty"`
 	Status       string          `json:"status"`
 	Enabled      bool            `json:"enabled"`
 	LastSeenAt   any             `json:"last_seen_at"`
@@ -272,10 +404,14 @@ func status(enabled bool, seen *time.Time, now time.Time) string {
 }
 
 func (h *Hub) getAgent(r *http.Request) (int, any, error) {
-	if _, err := h.auth(r); err != nil {
+	c, err := h.auth(r)
+	if err != nil {
 		return 0, nil, err
 	}
 	now := h.now()
+	if !textOK(mux.Vars(r)["id"], maxIDLen) {
+		return 0, nil, agentNotFound(mux.Vars(r)["id"])
+	}
 	v, err := h.scanAgent(h.DB.QueryRow(r.Context(), `SELECT `+agentCols+` FROM kz_agents k JOIN accounts a ON a.id = k.account_id
 		WHERE lower(a.name) = lower($1) AND k.deleted_at IS NULL`, mux.Vars(r)["id"]), now)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -284,7 +420,16 @@ func (h *Hub) getAgent(r *http.Request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, v, nil
+	return http.StatusOK, c.view(v), nil
+}
+
+// view hides a letterbox's address from other agents: it is where
+// letters go, not part of the directory, and a sender needs only the id.
+func (c caller) view(v agentView) agentView {
+	if !c.Admin && !strings.EqualFold(c.AgentID, v.AgentID) {
+		v.WebhookURL = ""
+	}
+	return v
 }
 
 func agentNotFound(id string) *Error {
@@ -292,7 +437,8 @@ func agentNotFound(id string) *Error {
 }
 
 func (h *Hub) listAgents(r *http.Request) (int, any, error) {
-	if _, err := h.auth(r); err != nil {
+	c, err := h.auth(r)
+	if err != nil {
 		return 0, nil, err
 	}
 	limit, offset, err := page(r)
@@ -307,11 +453,19 @@ func (h *Hub) listAgents(r *http.Request) (int, any, error) {
 		args = append(args, v)
 		return fmt.Sprintf("$%d", len(args))
 	}
-	if s := q.Get("q"); s != "" {
+	search, err := queryText(r, "q", maxQuery)
+	if err != nil {
+		return 0, nil, err
+	}
+	tag, err := queryText(r, "tag", maxTag)
+	if err != nil {
+		return 0, nil, err
+	}
+	if s := search; s != "" {
 		p := arg("%" + likeEscape(s) + "%")
 		where = append(where, "(a.name ILIKE "+p+" OR k.name ILIKE "+p+" OR k.capabilities ILIKE "+p+")")
 	}
-	if s := q.Get("tag"); s != "" {
+	if s := tag; s != "" {
 		where = append(where, arg(s)+" = ANY (k.tags)")
 	}
 	switch s := q.Get("status"); s {
@@ -341,7 +495,7 @@ func (h *Hub) listAgents(r *http.Request) (int, any, error) {
 		if err != nil {
 			return 0, nil, err
 		}
-		items = append(items, v)
+		items = append(items, c.view(v))
 	}
 	if err := rows.Err(); err != nil {
 		return 0, nil, err
@@ -362,6 +516,9 @@ func (h *Hub) lookup(ctx context.Context, q interface {
 		name    string
 		enabled bool
 	)
+	if !textOK(id, maxIDLen) {
+		return 0, "", false, agentNotFound(id)
+	}
 	err := q.QueryRow(ctx, `SELECT a.id, a.name, k.enabled FROM kz_agents k JOIN accounts a ON a.id = k.account_id
 		WHERE lower(a.name) = lower($1) AND k.deleted_at IS NULL`, id).Scan(&acc, &name, &enabled)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -79,7 +79,12 @@ func byIPUnlessAdmin(h *Hub, r *http.Request) (string, bool) {
 // only for the given method: a GET on the same path is not a send.
 func (h *Hub) limit(method, action string, who subject, next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if h.Limits == nil || r.Method != method {
+		// HEAD does a GET's work, so it pays a GET's limit.
+		m := r.Method
+		if m == http.MethodHead {
+			m = http.MethodGet
+		}
+		if h.Limits == nil || m != method {
 			next(w, r)
 			return
 		}
@@ -193,7 +198,7 @@ func (h *Hub) serveCard(w http.ResponseWriter, r *http.Request) {
 func (h *Hub) agentCard(ctx context.Context, id string) ([]byte, error) {
 	notFound := &Error{Status: http.StatusNotFound, Code: "AGENT_CARD_NOT_FOUND",
 		Message: fmt.Sprintf("agent %q has no published card", id), Details: map[string]any{"agent_id": id}}
-	if id == "" || len(id) > 200 {
+	if id == "" || !textOK(id, maxIDLen) {
 		return nil, notFound
 	}
 	var card []byte

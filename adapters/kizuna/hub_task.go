@@ -24,6 +24,13 @@ const (
 
 const maxTitle = 500
 
+// A letter's result history is bounded: each report's result, and how
+// many reports one letter keeps (a terminal one always fits).
+const (
+	maxResult  = 64 << 10
+	maxResults = 100
+)
+
 var (
 	formats    = map[string]bool{"text": true, "markdown": true, "html": true, "json": true}
 	priorities = map[string]bool{"low": true, "normal": true, "high": true, "urgent": true}
@@ -129,6 +136,9 @@ func (h *Hub) send(r *http.Request) (int, any, error) {
 		if !enabled {
 			return refuse(http.StatusUnprocessableEntity, "TARGET_DISABLED", "agent %q is disabled", toName)
 		}
+		if err := h.queueRoom(r.Context(), tx, c.AccountID, to, toName); err != nil {
+			return err
+		}
 		taskID, id, err = h.insertLetter(r.Context(), tx, c.AccountID, c.AgentID, to, toName, KindTask, nil, in.Content)
 		return err
 	})
@@ -137,6 +147,40 @@ func (h *Hub) send(r *http.Request) (int, any, error) {
 	}
 	h.enqueue(r.Context(), id)
 	return http.StatusAccepted, map[string]any{"task_id": taskID, "status": "queued"}, nil
+}
+
+// DefaultMaxQueued bounds the unfinished letters of one sender, and those waiting
+// for one recipient: a flood, or a letterbox that never answers, fills
+// PostgreSQL no further. Result replies are not counted or refused; they
+// are bounded by the letters they answer.
+const DefaultMaxQueued = 1000
+
+// queueRoom refuses a letter when its sender or its recipient has
+// Hub.MaxQueued letters in the queue already.
+func (h *Hub) queueRoom(ctx context.Context, tx pgx.Tx, from, to int64, toName string) error {
+	max := h.MaxQueued
+	if max <= 0 {
+		max = DefaultMaxQueued
+	}
+	var fromN, toN int
+	err := tx.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM (SELECT 1 FROM kz_letters WHERE from_account = $1 AND finished_at IS NULL LIMIT $3) f),
+			(SELECT count(*) FROM (SELECT 1 FROM kz_letters WHERE to_account = $2 AND finished_at IS NULL LIMIT $3) t)`,
+		from, to, max).Scan(&fromN, &toN)
+	if err != nil {
+		return fmt.Errorf("queue room: %w", err)
+	}
+	full := func(msg string) error {
+		return &Error{Status: http.StatusTooManyRequests, Code: "RATE_LIMITED", Message: msg,
+			Details: map[string]any{"action": "kz_queue", "max_queued": max, "retry_after": 60}}
+	}
+	switch {
+	case fromN >= max:
+		return full(fmt.Sprintf("you have %d letters in the queue already; wait until some are delivered", max))
+	case toN >= max:
+		return full(fmt.Sprintf("agent %q has %d letters waiting already; try again later", toName, max))
+	}
+	return nil
 }
 
 func (h *Hub) enqueue(ctx context.Context, id int64) {
@@ -229,6 +273,9 @@ func (h *Hub) findLetter(ctx context.Context, q interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, taskID string, lock bool) (hubLetter, error) {
 	var l hubLetter
+	if !validTaskID(taskID) {
+		return l, refuse(http.StatusNotFound, "TASK_NOT_FOUND", "no task %q", taskID)
+	}
 	sql := `SELECT l.id, l.task_id, l.from_account, coalesce(l.to_account, 0), f.name, coalesce(t.name, ''), l.kind, l.reply_to, l.body::text,
 			l.state, l.attempts, l.next_attempt_at, l.created_at, l.acked_at, l.finished_at
 		FROM kz_letters l JOIN accounts f ON f.id = l.from_account LEFT JOIN accounts t ON t.id = l.to_account
@@ -339,6 +386,9 @@ func (h *Hub) postResult(r *http.Request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
+	if !c.Enabled {
+		return 0, nil, refuse(http.StatusForbidden, "FORBIDDEN", "a disabled agent cannot report results")
+	}
 	var in resultInput
 	if _, err := readBody(r, &in); err != nil {
 		return 0, nil, err
@@ -355,6 +405,9 @@ func (h *Hub) postResult(r *http.Request) (int, any, error) {
 	}
 	if in.Message != nil && len(*in.Message) > maxCapabilities {
 		bad = append(bad, field{"message", fmt.Sprintf("must be at most %d bytes", maxCapabilities)})
+	}
+	if len(in.Result) > maxResult {
+		bad = append(bad, field{"result", fmt.Sprintf("must be at most %d bytes", maxResult)})
 	}
 	if len(bad) > 0 {
 		return 0, nil, invalid(bad...)
@@ -373,13 +426,23 @@ func (h *Hub) postResult(r *http.Request) (int, any, error) {
 		if c.AccountID != l.To {
 			return refuse(http.StatusForbidden, "FORBIDDEN", "only the recipient reports a result")
 		}
+		if l.Kind == KindResult {
+			// A reply carries a result already; reporting on it would
+			// send a reply to the reply, and two automatic boxes would
+			// answer each other for ever.
+			return invalid(field{"state", "a result reply letter takes no result"})
+		}
 		if l.AckedAt == nil {
 			return &Error{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_FAILED",
 				Message: "the letter is not acknowledged yet", Details: map[string]any{"fields": []field{{"state", "only after the ACK"}}}}
 		}
-		var last string
-		err = tx.QueryRow(r.Context(), `SELECT state FROM kz_results WHERE letter_id = $1 ORDER BY id DESC LIMIT 1`, l.ID).Scan(&last)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		var (
+			last  string
+			count int
+		)
+		err = tx.QueryRow(r.Context(), `SELECT coalesce((SELECT state FROM kz_results WHERE letter_id = $1 ORDER BY id DESC LIMIT 1), ''),
+			(SELECT count(*) FROM kz_results WHERE letter_id = $1)`, l.ID).Scan(&last, &count)
+		if err != nil {
 			return err
 		}
 		if categories[last] == "terminal" {
@@ -388,6 +451,10 @@ func (h *Hub) postResult(r *http.Request) (int, any, error) {
 			}
 			return &Error{Status: http.StatusUnprocessableEntity, Code: "VALIDATION_FAILED",
 				Message: fmt.Sprintf("the task already ended %s", last), Details: map[string]any{"fields": []field{{"state", "already terminal: " + last}}}}
+		}
+		if count >= maxResults-1 && category != "terminal" {
+			// The last place is kept for the end.
+			return invalid(field{"state", fmt.Sprintf("a letter keeps at most %d results; only a terminal state is accepted now", maxResults)})
 		}
 		var result any
 		if !isNull(in.Result) {
@@ -456,7 +523,16 @@ func (h *Hub) results(r *http.Request) (int, any, error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	rows, err := h.DB.Query(r.Context(), `SELECT state, category, message, result::text, at FROM kz_results WHERE letter_id = $1 ORDER BY id`, l.ID)
+	limit, offset, err := page(r)
+	if err != nil {
+		return 0, nil, err
+	}
+	var total int
+	if err := h.DB.QueryRow(r.Context(), `SELECT count(*) FROM kz_results WHERE letter_id = $1`, l.ID).Scan(&total); err != nil {
+		return 0, nil, err
+	}
+	rows, err := h.DB.Query(r.Context(), `SELECT state, category, message, result::text, at FROM kz_results WHERE letter_id = $1
+		ORDER BY id LIMIT $2 OFFSET $3`, l.ID, limit, offset)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -481,5 +557,5 @@ func (h *Hub) results(r *http.Request) (int, any, error) {
 	if err := rows.Err(); err != nil {
 		return 0, nil, err
 	}
-	return http.StatusOK, map[string]any{"task_id": l.TaskID, "items": items, "total": len(items), "limit": len(items), "offset": 0}, nil
+	return http.StatusOK, map[string]any{"task_id": l.TaskID, "items": items, "total": total, "limit": limit, "offset": offset}, nil
 }

@@ -59,7 +59,7 @@ type hubFixture struct {
 	now  atomic.Pointer[time.Time]
 }
 
-func newHub(t *testing.T) *hubFixture {
+func newHub(t *testing.T, opts ...func(*kizuna.Hub)) *hubFixture {
 	t.Helper()
 	db, _ := kungfutest.Pool(t)
 	text, _ := signing.GenerateServerKey()
@@ -74,6 +74,9 @@ func newHub(t *testing.T) *hubFixture {
 	h := &kizuna.Hub{DB: db, Keys: keys, AdminToken: hubAdmin, Deliver: f.rec, Now: clock,
 		Accounts: &account.Service{DB: db, Now: clock, BcryptCost: bcrypt.MinCost},
 		Log:      slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, o := range opts {
+		o(h)
+	}
 	r := mux.NewRouter()
 	h.Mount(r)
 	srv := httptest.NewServer(r)

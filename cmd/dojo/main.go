@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -25,6 +26,7 @@ import (
 	"github.com/dojo-relay/dojo/kungfu/credits"
 	"github.com/dojo-relay/dojo/kungfu/task"
 	"github.com/dojo-relay/dojo/kungfu/tool"
+	"github.com/dojo-relay/dojo/letterbox"
 	"github.com/dojo-relay/dojo/migrations"
 	"github.com/dojo-relay/dojo/queue"
 	"github.com/dojo-relay/dojo/relay"
@@ -41,10 +43,20 @@ Usage:
   dojo check [--dir DIR]             audit the money: every task's budget and every balance
                                      (without DATABASE_URL: the database of a running dojo dev)
   dojo tools [--markdown]            list the tools (Markdown for docs/tools.md)
+  dojo box <enroll|run|status|version> the dojo-box letterbox (also: this binary named dojo-box)
   dojo version                       print the version
 `
 
 func main() {
+	// One binary, two programs: installed under a name starting with
+	// dojo-box, dojo is the letterbox. So a hub can always hand its own
+	// platform's letterbox to an install script (selfExecutable).
+	if strings.HasPrefix(filepath.Base(os.Args[0]), "dojo-box") {
+		os.Exit(letterbox.Main(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "box" {
+		os.Exit(letterbox.Main(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
@@ -101,6 +113,8 @@ type config struct {
 	DBMaxConns   string
 	// AdminToken grants the Kizuna hub's admin paths (DOJO_ADMIN_TOKEN).
 	AdminToken string
+	// BoxDir holds the letterbox builds the hub serves (DOJO_BOX_DIR).
+	BoxDir string
 	// Dev marks `dojo dev`: loopback clients skip the per-address limits.
 	Dev bool
 }
@@ -129,6 +143,7 @@ func env() config {
 		Grace:        get("DOJO_DELIVERY_GRACE", "15s"),
 		DBMaxConns:   os.Getenv("DOJO_DB_MAX_CONNS"),
 		AdminToken:   strings.TrimSpace(os.Getenv("DOJO_ADMIN_TOKEN")),
+		BoxDir:       os.Getenv("DOJO_BOX_DIR"),
 	}
 }
 
@@ -197,6 +212,8 @@ func (c config) options() (relay.Options, error) {
 		SecretKey: key, AllowTargets: allow, Queue: c.Queue, LadderScale: scale,
 		ReceiverTimeout: timeout, DeliveryGrace: grace, DBMaxConns: maxConns, LoopbackUnlimited: c.Dev,
 		AdminToken: c.AdminToken,
+		BoxDir:     c.BoxDir,
+		BoxSelf:    selfExecutable(),
 	}, nil
 }
 
@@ -328,4 +345,14 @@ func firstSentence(s string) string {
 		return s[:i+1]
 	}
 	return s
+}
+
+// selfExecutable is this binary's path, served as the host platform's
+// dojo-box when DOJO_BOX_DIR has no build for it; empty when unknown.
+func selfExecutable() string {
+	p, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	return p
 }
