@@ -74,6 +74,18 @@ type Options struct {
 	// DBMaxConns caps the PostgreSQL pool (DOJO_DB_MAX_CONNS); zero keeps
 	// pool_max_conns from DATABASE_URL, else DefaultDBMaxConns.
 	DBMaxConns int
+	// DBMinConns is how many PostgreSQL connections are kept open while
+	// idle (DOJO_DB_MIN_CONNS); zero keeps pool_min_conns from DATABASE_URL,
+	// else DefaultDBMinConns.
+	DBMinConns int
+	// RedisPoolSize caps the Redis connections of the request path
+	// (DOJO_REDIS_POOL_SIZE); zero keeps pool_size from REDIS_URL, else
+	// DefaultRedisPoolSize.
+	RedisPoolSize int
+	// RedisMinIdle is how many Redis connections are kept open while idle
+	// (DOJO_REDIS_MIN_IDLE); zero keeps min_idle_conns from REDIS_URL, else
+	// as many as the PostgreSQL pool keeps (capped by the pool size).
+	RedisMinIdle int
 	// LoopbackUnlimited lifts per-address limits for loopback clients
 	// (`dojo dev` only).
 	LoopbackUnlimited bool
@@ -136,6 +148,14 @@ func Open(ctx context.Context, o Options) (*App, error) {
 	case !strings.Contains(o.DatabaseURL, "pool_max_conns"):
 		pcfg.MaxConns = DefaultDBMaxConns()
 	}
+	switch {
+	case o.DBMinConns > 0:
+		pcfg.MinConns = int32(min(o.DBMinConns, math.MaxInt32))
+	case !strings.Contains(o.DatabaseURL, "pool_min_conns"):
+		pcfg.MinConns = DefaultDBMinConns(pcfg.MaxConns)
+	}
+	// pgx refuses a minimum above the maximum; a smaller explicit maximum wins.
+	pcfg.MinConns = min(pcfg.MinConns, pcfg.MaxConns)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
@@ -164,6 +184,22 @@ func Open(ctx context.Context, o Options) (*App, error) {
 		pool.Close()
 		return nil, fmt.Errorf("REDIS_URL: %w", err)
 	}
+	switch {
+	case o.RedisPoolSize > 0:
+		ropt.PoolSize = o.RedisPoolSize
+	case !strings.Contains(o.RedisURL, "pool_size"):
+		ropt.PoolSize = DefaultRedisPoolSize()
+	}
+	switch {
+	case o.RedisMinIdle > 0:
+		ropt.MinIdleConns = o.RedisMinIdle
+	case !strings.Contains(o.RedisURL, "min_idle_conns"):
+		// Every request runs the rate-limit script before it takes a
+		// PostgreSQL connection: keep as many Redis connections warm as
+		// PostgreSQL ones, so a burst finds both open.
+		ropt.MinIdleConns = int(pcfg.MinConns)
+	}
+	ropt.MinIdleConns = min(ropt.MinIdleConns, ropt.PoolSize)
 	rdb := redis.NewClient(ropt)
 	if err := rdb.Ping(pingCtx).Err(); err != nil {
 		pool.Close()
@@ -292,6 +328,25 @@ func deployment(ctx context.Context, db *pgxpool.Pool) (string, error) {
 // gaining. Each process of a deployment opens at most this many.
 func DefaultDBMaxConns() int32 {
 	return int32(max(16, 4*runtime.GOMAXPROCS(0)))
+}
+
+// DefaultDBMinConns keeps a quarter of max open while idle. pgx's default
+// of zero lets the health check close every connection after an idle half
+// hour, and the next burst then waits on a TCP handshake, authentication
+// and a backend fork per connection before its first query; a quarter
+// serves a burst's first requests at once while the pool opens the rest in
+// parallel, and keeps many processes on one PostgreSQL well inside its
+// max_connections.
+func DefaultDBMinConns(max int32) int32 {
+	return (max + 3) / 4
+}
+
+// DefaultRedisPoolSize is go-redis's own default (10 per CPU), stated here
+// so the figure in the docs is the one Dojo uses: each request takes a
+// Redis connection only for its rate-limit script, so the pool needs not
+// grow with PostgreSQL's.
+func DefaultRedisPoolSize() int {
+	return 10 * runtime.GOMAXPROCS(0)
 }
 
 // DatabaseError says in one line why PostgreSQL could not be used: a server

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -61,7 +60,12 @@ func (s *Server) mcpHandler() http.Handler {
 							break
 						}
 					}
-					env = s.call(kungfu.WithCaller(ctx, v.who), v.who, name, v.args)
+					if kungfu.CallerFrom(ctx) != v.who {
+						// A signed call: admit found another caller
+						// than the Bearer one ctx carries.
+						ctx = kungfu.WithCaller(ctx, v.who)
+					}
+					env = s.call(ctx, v.who, name, v.args)
 				}
 				return &mcp.CallToolResult{
 					IsError:           !env.ok,
@@ -99,10 +103,22 @@ func (s *Server) mcpHandler() http.Handler {
 			writeEnvelope(w, *env)
 			return
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.Body = newBodyReader(body)
 		h.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
+
+// bodyReader gives the SDK the body Dojo has read, in one allocation
+// where io.NopCloser around a bytes.Reader takes two.
+type bodyReader struct{ bytes.Reader }
+
+func newBodyReader(b []byte) *bodyReader {
+	r := new(bodyReader)
+	r.Reset(b)
+	return r
+}
+
+func (*bodyReader) Close() error { return nil }
 
 func needKey() *kungfu.Error {
 	return kungfu.Errorf(kungfu.CodeUnauthorized, "this call needs Authorization: Bearer <Agent key> or a kd-mcp-v1 signature; account_register creates a key")
@@ -116,7 +132,7 @@ func needKey() *kungfu.Error {
 // (isError, HTTP 200), which KarmaDue clients expect.
 func (s *Server) admitMCP(r *http.Request, who kungfu.Caller, authErr error, body []byte) (context.Context, *envelope) {
 	ctx := kungfu.WithCaller(r.Context(), who)
-	calls, batch, ok := toolCalls(body)
+	calls, batch, ok := readCalls(body)
 	if !ok {
 		return ctx, nil
 	}
@@ -168,4 +184,137 @@ func (s *Server) admitMCP(r *http.Request, who kungfu.Caller, authErr error, bod
 		v.who, v.args, v.spend = caller, args, spend
 	}
 	return withVerdict(ctx, v), nil
+}
+
+// readCalls is toolCalls for the body nearly every MCP request sends: one
+// JSON-RPC object whose keys are plain ASCII. It finds the same method,
+// name and arguments by slicing the body instead of decoding it into maps,
+// which cost more allocations than the rest of admitMCP together. Any other
+// body (a batch, escaped or non-ASCII keys or names, params that are not an
+// object) goes to toolCalls, so the two never disagree.
+func readCalls(body []byte) (calls []rpcCall, batch, ok bool) {
+	if c, simple, isCall := plainCall(body); simple {
+		if !isCall {
+			return nil, false, true
+		}
+		return []rpcCall{c}, false, true
+	}
+	return toolCalls(body)
+}
+
+// plainCall reads a body holding one JSON object. simple is false when the
+// body is anything else, or when a key or the tool name would need
+// unescaping to compare.
+func plainCall(body []byte) (c rpcCall, simple, isCall bool) {
+	if !json.Valid(body) {
+		return c, false, false
+	}
+	method, params, ok := members(body, "method", "params")
+	if !ok {
+		return c, false, false
+	}
+	if bytes.IndexByte(method, '\\') >= 0 {
+		return c, false, false
+	}
+	if string(method) != `"tools/call"` {
+		// A string with no escape spells tools/call only literally; a
+		// missing or non-string method is no tools/call either.
+		return c, true, false
+	}
+	name, args, ok := members(params, "name", "arguments")
+	if !ok || !plain(name) {
+		return c, false, false
+	}
+	c.name = string(name[1 : len(name)-1])
+	if len(args) > 0 && string(args) != "null" {
+		// A copy, as decoding gives: the SDK reads the body again.
+		c.args = bytes.Clone(args)
+	} else {
+		c.args = []byte(`{}`)
+	}
+	return c, true, true
+}
+
+// members finds the values of two keys in a valid JSON object, the last of
+// a repeated key winning as in encoding/json; ok is false for a value that
+// is not an object or a key that is not plain.
+func members(obj []byte, key1, key2 string) (val1, val2 []byte, ok bool) {
+	i := skipSpace(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return nil, nil, false
+	}
+	for i = skipSpace(obj, i+1); i < len(obj) && obj[i] != '}'; {
+		end := skipValue(obj, i)
+		if !plain(obj[i:end]) {
+			return nil, nil, false
+		}
+		key := obj[i+1 : end-1]
+		i = skipSpace(obj, skipSpace(obj, end)+1) // past the colon
+		end = skipValue(obj, i)
+		switch string(key) {
+		case key1:
+			val1 = obj[i:end]
+		case key2:
+			val2 = obj[i:end]
+		}
+		if i = skipSpace(obj, end); i < len(obj) && obj[i] == ',' {
+			i = skipSpace(obj, i+1)
+		}
+	}
+	return val1, val2, true
+}
+
+// plain reports whether raw is a JSON string of printable ASCII without
+// escapes, whose text is raw without its quotes.
+func plain(raw []byte) bool {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return false
+	}
+	for _, b := range raw[1 : len(raw)-1] {
+		if b < 0x20 || b > 0x7e || b == '\\' || b == '"' {
+			return false
+		}
+	}
+	return true
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the end of the JSON value starting at b[i], which the
+// caller has checked is valid JSON.
+func skipValue(b []byte, i int) int {
+	depth := 0
+	for ; i < len(b); i++ {
+		switch b[i] {
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+			if depth == 0 {
+				return i + 1
+			}
+		case '{', '[':
+			depth++
+		case '}', ']':
+			if depth == 0 {
+				return i
+			}
+			depth--
+			if depth == 0 {
+				return i + 1
+			}
+		case ',', ' ', '\t', '\n', '\r', ':':
+			if depth == 0 {
+				return i
+			}
+		}
+	}
+	return i
 }

@@ -112,6 +112,11 @@ func (s *Server) Handler() http.Handler {
 
 // call runs one tool for who: authorization, rate limit, argument
 // validation, the handler, and the envelope. Both transports end here.
+//
+// The rate-limit check in Redis runs beside validation, and beside the
+// handler of a tool that only reads, instead of before them: its verdict is
+// still given before any result, so a refused call answers as it always
+// did, and a tool that writes starts only once the verdict allows it.
 func (s *Server) call(ctx context.Context, who kungfu.Caller, name string, args json.RawMessage) envelope {
 	t, ok := s.tools.Lookup(name)
 	if !ok {
@@ -123,23 +128,26 @@ func (s *Server) call(ctx context.Context, who kungfu.Caller, name string, args 
 	if !t.Public && who.Anonymous() {
 		return refusal(kungfu.Errorf(kungfu.CodeUnauthorized, "missing or invalid Agent key"))
 	}
-	if t.Limit != "" && s.limiter != nil && !(t.LimitByIP && s.unlimited(who.IP)) {
-		subject := "a" + itoa(who.AccountID)
-		if t.LimitByIP {
-			subject = "ip" + who.IP
-		}
-		wait, err := s.limiter.Allow(ctx, t.Limit, subject)
-		if err != nil {
-			return s.unavailable(ctx, name, err)
-		}
-		if wait > 0 {
-			return rateLimited(wait)
-		}
+	verdict := s.limit(ctx, t, who)
+	verr := t.Validate(args)
+	var (
+		result any
+		err    error
+		ran    bool
+	)
+	if verr == nil && t.ReadOnly && verdict != nil {
+		result, err = t.Handler(verdict.read, who, args)
+		ran = true
 	}
-	if err := t.Validate(args); err != nil {
-		return s.fail(ctx, name, err)
+	if env := verdict.wait(); env != nil {
+		return *env
 	}
-	result, err := t.Handler(ctx, who, args)
+	if verr != nil {
+		return s.fail(ctx, name, verr)
+	}
+	if !ran {
+		result, err = t.Handler(ctx, who, args)
+	}
 	if err != nil {
 		return s.fail(ctx, name, err)
 	}
@@ -148,6 +156,63 @@ func (s *Server) call(ctx context.Context, who kungfu.Caller, name string, args 
 		return s.internal(ctx, name, err)
 	}
 	return env
+}
+
+// limit starts the rate-limit check of one call, or returns nil when no
+// limit applies.
+func (s *Server) limit(ctx context.Context, t *tool.Tool, who kungfu.Caller) *pending {
+	if t.Limit == "" || s.limiter == nil || s.limiter.Redis == nil || (t.LimitByIP && s.unlimited(who.IP)) {
+		return nil
+	}
+	if _, ok := s.limiter.Rules[t.Limit]; !ok {
+		return nil
+	}
+	subject := "a" + itoa(who.AccountID)
+	if t.LimitByIP {
+		subject = "ip" + who.IP
+	}
+	p := &pending{s: s, ctx: ctx, name: t.Name, done: make(chan struct{})}
+	p.read, p.stop = context.WithCancel(ctx)
+	go func() {
+		defer close(p.done)
+		p.delay, p.err = s.limiter.Allow(ctx, t.Limit, subject)
+		if p.err != nil || p.delay > 0 {
+			p.stop() // a read under way is wasted: end it
+		}
+	}()
+	return p
+}
+
+// pending is a rate-limit verdict on its way from Redis.
+type pending struct {
+	s     *Server
+	ctx   context.Context
+	name  string
+	done  chan struct{}
+	delay time.Duration
+	err   error
+	// read is the context of a read run before the verdict; stop ends it.
+	read context.Context
+	stop context.CancelFunc
+}
+
+// wait returns the refusal, or nil when the call may go on.
+func (p *pending) wait() *envelope {
+	if p == nil {
+		return nil
+	}
+	<-p.done
+	p.stop()
+	var env envelope
+	switch {
+	case p.err != nil:
+		env = p.s.unavailable(p.ctx, p.name, p.err)
+	case p.delay > 0:
+		env = rateLimited(p.delay)
+	default:
+		return nil
+	}
+	return &env
 }
 
 func rateLimited(wait time.Duration) envelope {

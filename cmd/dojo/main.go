@@ -8,6 +8,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -43,6 +45,8 @@ Usage:
   dojo check [--dir DIR]             audit the money: every task's budget and every balance
                                      (without DATABASE_URL: the database of a running dojo dev)
   dojo tools [--markdown]            list the tools (Markdown for docs/tools.md)
+  dojo bench --url URL --database-url DSN [flags]
+                                     drive a running dojo and print the issue 11 ratio table
   dojo box <enroll|run|status|version> the dojo-box letterbox (also: this binary named dojo-box)
   dojo version                       print the version
 `
@@ -73,6 +77,8 @@ func main() {
 		err = dev(ctx, args)
 	case "tools":
 		err = tools(os.Stdout, args)
+	case "bench":
+		err = bench(ctx, os.Stdout, args)
 	case "keygen":
 		err = keygen(os.Stdout)
 	case "check":
@@ -111,6 +117,12 @@ type config struct {
 	Timeout      string
 	Grace        string
 	DBMaxConns   string
+	DBMinConns   string
+	// RedisPoolSize and RedisMinIdle size the request path's Redis pool.
+	RedisPoolSize string
+	RedisMinIdle  string
+	// DebugAddr serves /debug/pprof (DOJO_DEBUG_ADDR); empty serves none.
+	DebugAddr string
 	// AdminToken grants the Kizuna hub's admin paths (DOJO_ADMIN_TOKEN).
 	AdminToken string
 	// BoxDir holds the letterbox builds the hub serves (DOJO_BOX_DIR).
@@ -127,23 +139,27 @@ func env() config {
 		return def
 	}
 	return config{
-		Addr:         get("DOJO_ADDR", "127.0.0.1:8080"),
-		DatabaseURL:  get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/dojo?sslmode=disable"),
-		RedisURL:     get("REDIS_URL", "redis://127.0.0.1:6379/0"),
-		RedisPrefix:  get("DOJO_REDIS_PREFIX", "dojo:"),
-		PublicURL:    os.Getenv("DOJO_PUBLIC_URL"),
-		RateLimits:   os.Getenv("DOJO_RATE_LIMITS"),
-		TrustedProxy: get("DOJO_TRUSTED_PROXIES", "127.0.0.0/8,::1/128"),
-		LogLevel:     get("DOJO_LOG_LEVEL", "info"),
-		SecretKey:    os.Getenv("DOJO_SECRET_KEY"),
-		AllowTargets: os.Getenv("DOJO_ALLOW_TARGETS"),
-		Queue:        get("DOJO_QUEUE", "dojo"),
-		LadderScale:  get("DOJO_LADDER_SCALE", "1"),
-		Timeout:      get("DOJO_RECEIVER_TIMEOUT", "10s"),
-		Grace:        get("DOJO_DELIVERY_GRACE", "15s"),
-		DBMaxConns:   os.Getenv("DOJO_DB_MAX_CONNS"),
-		AdminToken:   strings.TrimSpace(os.Getenv("DOJO_ADMIN_TOKEN")),
-		BoxDir:       os.Getenv("DOJO_BOX_DIR"),
+		Addr:          get("DOJO_ADDR", "127.0.0.1:8080"),
+		DatabaseURL:   get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/dojo?sslmode=disable"),
+		RedisURL:      get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+		RedisPrefix:   get("DOJO_REDIS_PREFIX", "dojo:"),
+		PublicURL:     os.Getenv("DOJO_PUBLIC_URL"),
+		RateLimits:    os.Getenv("DOJO_RATE_LIMITS"),
+		TrustedProxy:  get("DOJO_TRUSTED_PROXIES", "127.0.0.0/8,::1/128"),
+		LogLevel:      get("DOJO_LOG_LEVEL", "info"),
+		SecretKey:     os.Getenv("DOJO_SECRET_KEY"),
+		AllowTargets:  os.Getenv("DOJO_ALLOW_TARGETS"),
+		Queue:         get("DOJO_QUEUE", "dojo"),
+		LadderScale:   get("DOJO_LADDER_SCALE", "1"),
+		Timeout:       get("DOJO_RECEIVER_TIMEOUT", "10s"),
+		Grace:         get("DOJO_DELIVERY_GRACE", "15s"),
+		DBMaxConns:    os.Getenv("DOJO_DB_MAX_CONNS"),
+		DBMinConns:    os.Getenv("DOJO_DB_MIN_CONNS"),
+		RedisPoolSize: os.Getenv("DOJO_REDIS_POOL_SIZE"),
+		RedisMinIdle:  os.Getenv("DOJO_REDIS_MIN_IDLE"),
+		DebugAddr:     strings.TrimSpace(os.Getenv("DOJO_DEBUG_ADDR")),
+		AdminToken:    strings.TrimSpace(os.Getenv("DOJO_ADMIN_TOKEN")),
+		BoxDir:        os.Getenv("DOJO_BOX_DIR"),
 	}
 }
 
@@ -196,10 +212,17 @@ func (c config) options() (relay.Options, error) {
 	if c.AdminToken != "" && len(c.AdminToken) < 16 {
 		return relay.Options{}, errors.New("DOJO_ADMIN_TOKEN: want at least 16 characters")
 	}
-	maxConns := 0
-	if c.DBMaxConns != "" {
-		if maxConns, err = strconv.Atoi(c.DBMaxConns); err != nil || maxConns < 1 {
-			return relay.Options{}, fmt.Errorf("DOJO_DB_MAX_CONNS: want a positive whole number, got %q", c.DBMaxConns)
+	var pools [4]int
+	for i, v := range []struct{ name, value string }{
+		{"DOJO_DB_MAX_CONNS", c.DBMaxConns}, {"DOJO_DB_MIN_CONNS", c.DBMinConns},
+		{"DOJO_REDIS_POOL_SIZE", c.RedisPoolSize}, {"DOJO_REDIS_MIN_IDLE", c.RedisMinIdle},
+	} {
+		if v.value == "" {
+			continue
+		}
+		// A bound keeps a typo from asking for millions of connections.
+		if pools[i], err = strconv.Atoi(strings.TrimSpace(v.value)); err != nil || pools[i] < 1 || pools[i] > 10000 {
+			return relay.Options{}, fmt.Errorf("%s: want a positive whole number up to 10000, got %q", v.name, v.value)
 		}
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
@@ -210,7 +233,8 @@ func (c config) options() (relay.Options, error) {
 		DatabaseURL: c.DatabaseURL, RedisURL: c.RedisURL, RedisPrefix: c.RedisPrefix,
 		PublicURL: public, Limits: limits, TrustedProxies: proxies, Log: log,
 		SecretKey: key, AllowTargets: allow, Queue: c.Queue, LadderScale: scale,
-		ReceiverTimeout: timeout, DeliveryGrace: grace, DBMaxConns: maxConns, LoopbackUnlimited: c.Dev,
+		ReceiverTimeout: timeout, DeliveryGrace: grace, DBMaxConns: pools[0], DBMinConns: pools[1],
+		RedisPoolSize: pools[2], RedisMinIdle: pools[3], LoopbackUnlimited: c.Dev,
 		AdminToken: c.AdminToken,
 		BoxDir:     c.BoxDir,
 		BoxSelf:    selfExecutable(),
@@ -252,6 +276,13 @@ func run(ctx context.Context, c config, ready func(base string)) error {
 		return err
 	}
 	defer app.Close()
+	if c.DebugAddr != "" {
+		stop, err := serveDebug(c.DebugAddr, opts.Log)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	ln, err := net.Listen("tcp", c.Addr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", c.Addr, err)
@@ -261,6 +292,39 @@ func run(ctx context.Context, c config, ready func(base string)) error {
 		ready(opts.PublicURL)
 	}
 	return app.Serve(ctx, ln)
+}
+
+// serveDebug serves the runtime profiles on addr, a listener of its own:
+// profiles show request arguments on stacks and let a caller spend CPU on
+// a 30-second trace, so they never share the public address (which has no
+// /debug route at all).
+func serveDebug(addr string, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("DOJO_DEBUG_ADDR: listen on %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("debug server", "err", err)
+		}
+	}()
+	if host, _, _ := net.SplitHostPort(ln.Addr().String()); !isLoopback(host) {
+		log.Warn("debug profiles are served beyond loopback: firewall DOJO_DEBUG_ADDR", "addr", ln.Addr().String())
+	}
+	log.Info("debug profiles", "addr", ln.Addr().String(), "path", "/debug/pprof/")
+	return func() { _ = hs.Close() }, nil
+}
+
+func isLoopback(host string) bool {
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
 }
 
 // check audits the money invariants and exits non-zero on any problem.

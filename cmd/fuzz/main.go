@@ -49,8 +49,12 @@ func main() {
 		}
 		ran++
 		fmt.Printf("fuzz: %s in ./%s, %d inputs\n", t.name, t.dir, *execs)
+		// A target in a module of its own (third_party/go-sdk) is run from
+		// that module's root: the main module does not contain it.
+		mod, pkg := module(t.dir)
 		cmd := exec.Command("go", "test", "-run", "^$", "-fuzz", "^"+t.name+"$",
-			"-fuzztime", fmt.Sprintf("%dx", *execs), "-timeout", timeout.String(), "./"+t.dir)
+			"-fuzztime", fmt.Sprintf("%dx", *execs), "-timeout", timeout.String(), "./"+pkg)
+		cmd.Dir = mod
 		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 		if err := cmd.Run(); err != nil {
 			failed++
@@ -64,6 +68,18 @@ func main() {
 }
 
 type target struct{ dir, name string }
+
+// module returns the root of the module holding dir (the nearest parent
+// with a go.mod, "." at the latest) and dir relative to it.
+func module(dir string) (root, rel string) {
+	for d := dir; d != "." && d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			r, _ := filepath.Rel(d, dir)
+			return d, filepath.ToSlash(r)
+		}
+	}
+	return ".", dir
+}
 
 // find lists the fuzz targets below root by reading the test files.
 func find(root string) ([]target, error) {

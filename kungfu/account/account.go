@@ -133,6 +133,14 @@ func (s *Service) nameTaken(ctx context.Context, name string) error {
 
 // Authenticate resolves a raw Agent key to its active account. Every
 // failure is the same UNAUTHORIZED so a caller learns nothing about why.
+//
+// It reads PostgreSQL on every call, so a reset or a deactivation on any
+// process stops the old key on the next call everywhere. The query names
+// only the key's hash: a predicate on revoked_at would also match the
+// one-live-key-per-account index, which a planner without statistics (a
+// fresh deployment) scans whole instead of probing the hash. The unique
+// hash index yields at most one row; revocation and status are checked
+// here.
 func (s *Service) Authenticate(ctx context.Context, raw string) (kungfu.Caller, error) {
 	unauthorized := kungfu.Errorf(kungfu.CodeUnauthorized, "missing or invalid Agent key")
 	if !keyRE.MatchString(raw) {
@@ -142,19 +150,21 @@ func (s *Service) Authenticate(ctx context.Context, raw string) (kungfu.Caller, 
 	var (
 		c      kungfu.Caller
 		stored []byte
+		live   bool
+		status string
 	)
 	err := s.DB.QueryRow(ctx,
-		`SELECT a.id, a.name, c.secret_hash
+		`SELECT a.id, a.name, a.status, c.secret_hash, c.revoked_at IS NULL
 		 FROM credentials c JOIN accounts a ON a.id = c.account_id
-		 WHERE c.kind = 'agent_key' AND c.secret_hash = $1 AND c.revoked_at IS NULL AND a.status = 'active'`,
-		sum[:]).Scan(&c.AccountID, &c.Name, &stored)
+		 WHERE c.kind = 'agent_key' AND c.secret_hash = $1`,
+		sum[:]).Scan(&c.AccountID, &c.Name, &status, &stored, &live)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return kungfu.Caller{}, unauthorized
 	}
 	if err != nil {
 		return kungfu.Caller{}, fmt.Errorf("authenticate: %w", err)
 	}
-	if subtle.ConstantTimeCompare(stored, sum[:]) != 1 {
+	if subtle.ConstantTimeCompare(stored, sum[:]) != 1 || !live || status != "active" {
 		return kungfu.Caller{}, unauthorized
 	}
 	return c, nil

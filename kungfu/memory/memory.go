@@ -13,7 +13,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dojo-relay/dojo/kungfu"
@@ -108,24 +107,24 @@ func (s *Service) create(ctx context.Context, who kungfu.Caller, d Draft, origin
 // origin "thread" for entry content, in the entry's own transaction. A code
 // collision is retried under a savepoint so the caller's transaction lives.
 func Insert(ctx context.Context, tx pgx.Tx, accountID int64, origin string, d Draft, now time.Time) (Memory, error) {
+	sum := sha256.Sum256([]byte(d.Content))
+	m := Memory{
+		Title: d.Title, Tags: d.Tags, Description: d.Description, Content: d.Content,
+		Checksum: hex.EncodeToString(sum[:]), Revision: 1,
+	}
 	for range 5 {
 		code := newCode()
-		var m Memory
-		err := pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
-			var id int64
-			if err := sp.QueryRow(ctx,
-				`INSERT INTO memories (code, account_id, origin, revision, created_at, updated_at)
-				 VALUES ($1, $2, $3, 1, $4, $4) RETURNING id`,
-				code, accountID, origin, now).Scan(&id); err != nil {
-				return err
-			}
-			var err error
-			m, err = insertRevision(ctx, sp, id, 1, d, now)
-			m.ID = id
-			return err
-		})
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		// One statement writes the head and revision 1. A code collision
+		// yields no row (ON CONFLICT) instead of an error, so the caller's
+		// transaction stays usable for another draw without a savepoint.
+		err := tx.QueryRow(ctx,
+			`WITH m AS (INSERT INTO memories (code, account_id, origin, revision, created_at, updated_at)
+			      VALUES ($1, $2, $3, 1, $4, $4) ON CONFLICT (code) DO NOTHING RETURNING id),
+			 v AS (INSERT INTO memory_revisions (memory_id, revision, title, tags, description, content, checksum, created_at)
+			      SELECT id, 1, $5, $6, $7, $8, $9, $4 FROM m)
+			 SELECT id FROM m`,
+			code, accountID, origin, now, m.Title, m.Tags, m.Description, m.Content, m.Checksum).Scan(&m.ID)
+		if errors.Is(err, pgx.ErrNoRows) {
 			continue // code collision: draw again
 		}
 		if err != nil {
@@ -263,18 +262,32 @@ func insertRevision(ctx context.Context, tx pgx.Tx, id int64, rev int, d Draft, 
 // author's always, anyone else's only while active and public. With
 // revision only the author may read (any version, even after withdrawal);
 // others may name the current revision of an active public memory.
+//
+// One statement reads the head and the wanted revision together: the
+// rules below need only the head, so reading both before judging saves a
+// round trip, and a refused caller is given nothing of what was read.
 func (s *Service) Get(ctx context.Context, who kungfu.Caller, code string, revision int) (Memory, error) {
 	code, err := NormalizeCode(code)
 	if err != nil {
 		return Memory{}, err
 	}
 	notFound := kungfu.Errorf(kungfu.CodeNotFound, "no memory %s", code)
-	var m Memory
-	var id int64
+	var (
+		m     Memory
+		found bool
+	)
+	// The revision is joined outer so that a memory without the wanted
+	// revision is told apart from no memory at all.
 	err = s.DB.QueryRow(ctx,
-		`SELECT m.id, m.account_id, a.name, m.revision, m.visibility, m.status, m.origin, m.created_at, m.updated_at
-		 FROM memories m JOIN accounts a ON a.id = m.account_id WHERE m.code = $1`, code).
-		Scan(&id, &m.OwnerID, &m.Owner, &m.Current, &m.Visibility, &m.Status, &m.Origin, &m.CreatedAt, &m.UpdatedAt)
+		`SELECT m.id, m.account_id, a.name, m.revision, m.visibility, m.status, m.origin, m.created_at, m.updated_at,
+		        r.memory_id IS NOT NULL, coalesce(r.revision, 0), coalesce(r.title, ''), coalesce(r.tags, '{}'),
+		        coalesce(r.description, ''), coalesce(r.content, ''), coalesce(r.checksum, '')
+		 FROM memories m JOIN accounts a ON a.id = m.account_id
+		 LEFT JOIN memory_revisions r ON r.memory_id = m.id
+		      AND r.revision = CASE WHEN $2::bigint > 0 THEN $2::bigint ELSE m.revision END
+		 WHERE m.code = $1`, code, int64(revision)).
+		Scan(&m.ID, &m.OwnerID, &m.Owner, &m.Current, &m.Visibility, &m.Status, &m.Origin, &m.CreatedAt, &m.UpdatedAt,
+			&found, &m.Revision, &m.Title, &m.Tags, &m.Description, &m.Content, &m.Checksum)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Memory{}, notFound
 	}
@@ -295,18 +308,11 @@ func (s *Service) Get(ctx context.Context, who kungfu.Caller, code string, revis
 	case revision > 0 && revision != m.Current:
 		return Memory{}, kungfu.Errorf(kungfu.CodeNotOwner, "only the author can read earlier revisions")
 	}
-	if revision == 0 {
-		revision = m.Current
-	}
-	err = s.DB.QueryRow(ctx,
-		`SELECT revision, title, tags, description, content, checksum FROM memory_revisions
-		 WHERE memory_id = $1 AND revision = $2`, id, revision).
-		Scan(&m.Revision, &m.Title, &m.Tags, &m.Description, &m.Content, &m.Checksum)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if !found {
+		if revision == 0 {
+			revision = m.Current
+		}
 		return Memory{}, kungfu.Errorf(kungfu.CodeNotFound, "memory %s has no revision %d", code, revision)
-	}
-	if err != nil {
-		return Memory{}, fmt.Errorf("get memory revision: %w", err)
 	}
 	m.Code = code
 	return m, nil

@@ -67,15 +67,23 @@ func pinHarness(ctx context.Context, tx pgx.Tx, v version) ([]byte, error) {
 	return json.Marshal(pins)
 }
 
-// rejections counts the caller's rejections on the task in the last 24 h
+// limitSQL counts the caller's rejections on a task in the last 24 h.
+const limitSQL = `SELECT count(*), min(terminal_at) FROM submissions WHERE task_id = $1 AND account_id = $2
+	AND state = 'rejected' AND terminal_at > $3`
+
+// underLimit counts the caller's rejections on the task in the last 24 h
 // and refuses at the limit.
 func (s *Service) underLimit(ctx context.Context, q querier, r row, who kungfu.Caller, now time.Time) error {
 	var n int
 	var oldest *time.Time
-	if err := q.QueryRow(ctx, `SELECT count(*), min(terminal_at) FROM submissions WHERE task_id = $1 AND account_id = $2
-		AND state = 'rejected' AND terminal_at > $3`, r.ID, who.AccountID, now.Add(-24*time.Hour)).Scan(&n, &oldest); err != nil {
+	if err := q.QueryRow(ctx, limitSQL, r.ID, who.AccountID, now.Add(-24*time.Hour)).Scan(&n, &oldest); err != nil {
 		return err
 	}
+	return limited(r, n, oldest, now)
+}
+
+// limited refuses n rejections, the oldest at oldest, at r's limit.
+func limited(r row, n int, oldest *time.Time, now time.Time) error {
 	if n < r.v.MaxRejected {
 		return nil
 	}
@@ -362,15 +370,40 @@ func (s *Service) Submit(ctx context.Context, who kungfu.Caller, in SubmitInput)
 		existing bool
 	)
 	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
-		var err error
-		if r, err = load(ctx, tx, who, in.Code, true); err != nil {
+		var (
+			err           error
+			id            int64
+			hash          []byte
+			rejections    []time.Time
+			prior, recent error
+		)
+		// One round trip: the task lock, then, each on a fresh snapshot
+		// taken once the lock is held, the same request's earlier
+		// submission and the caller's recent rejections. The rejections are
+		// read from a window opened before the lock wait and cut to the
+		// window of now, taken once the lock is held, below.
+		since := s.Now().Add(-24 * time.Hour)
+		r, err = load(ctx, tx, who, in.Code, true, func(b *pgx.Batch, code string) func(pgx.BatchResults) {
+			b.Queue(`SELECT id, payload_hash FROM submissions
+				WHERE account_id = $1 AND request_key = $2 AND task_id = (SELECT id FROM tasks WHERE code = $3)`,
+				who.AccountID, in.RequestKey, code)
+			b.Queue(`SELECT terminal_at FROM submissions WHERE account_id = $1 AND state = 'rejected'
+				AND terminal_at > $2 AND task_id = (SELECT id FROM tasks WHERE code = $3) ORDER BY terminal_at`, who.AccountID, since, code)
+			return func(br pgx.BatchResults) {
+				prior = br.QueryRow().Scan(&id, &hash)
+				rows, err := br.Query()
+				if err == nil {
+					rejections, err = pgx.CollectRows(rows, pgx.RowTo[time.Time])
+				}
+				recent = err
+			}
+		})
+		if err != nil {
 			return err
 		}
+		now := s.Now()
+		err = prior
 		// The same request under the same key is the same submission.
-		var id int64
-		var hash []byte
-		err = tx.QueryRow(ctx, `SELECT id, payload_hash FROM submissions WHERE account_id = $1 AND task_id = $2 AND request_key = $3`,
-			who.AccountID, r.ID, in.RequestKey).Scan(&id, &hash)
 		if err == nil {
 			if !bytes.Equal(hash, sum[:]) {
 				return kungfu.Errorf(kungfu.CodeIdempotencyConflict, "request_key %q was used with a different payload", in.RequestKey)
@@ -385,7 +418,6 @@ func (s *Service) Submit(ctx context.Context, who kungfu.Caller, in SubmitInput)
 		if r.PublisherID == who.AccountID {
 			return kungfu.Errorf(kungfu.CodeOwnTask, "you published task %s", r.Code)
 		}
-		now := s.Now()
 		var c Claim
 		withClaim := strings.TrimSpace(in.ClaimID) != ""
 		if withClaim {
@@ -401,7 +433,20 @@ func (s *Service) Submit(ctx context.Context, who kungfu.Caller, in SubmitInput)
 				return kungfu.Errorf(kungfu.CodeSlotsExhausted, "task %s has no budget left for another unit", r.Code)
 			}
 		}
-		if err := s.underLimit(ctx, tx, r, who, now); err != nil {
+		if recent != nil {
+			return recent
+		}
+		var oldest *time.Time
+		n := 0
+		for _, at := range rejections {
+			if at.After(now.Add(-24 * time.Hour)) {
+				if n == 0 {
+					oldest = &at
+				}
+				n++
+			}
+		}
+		if err := limited(r, n, oldest, now); err != nil {
 			return err
 		}
 		if !withClaim && r.v.ClaimRequired {
@@ -438,36 +483,36 @@ func (s *Service) Submit(ctx context.Context, who kungfu.Caller, in SubmitInput)
 		if err != nil {
 			return err
 		}
-		var claimID, amount int64
+		var amount int64
+		args := []any{r.ID, who.AccountID, v.Number, in.RequestKey, payload, sum[:], revises, now.Add(s.grace()), now}
+		var claim string
 		if withClaim {
-			claimID, _ = strconv.ParseInt(c.ClaimID, 10, 64)
-			amount = c.Amount
 			// The claim's reservation moves onto the submission.
-			if _, err := tx.Exec(ctx, `UPDATE claims SET status = 'used', ended_at = $2 WHERE id = $1`, claimID, now); err != nil {
-				return err
-			}
+			amount = c.Amount
+			claimID, _ := strconv.ParseInt(c.ClaimID, 10, 64)
+			claim = `c AS (UPDATE claims SET status = 'used', ended_at = $9 WHERE id = $10 RETURNING id, amount)`
+			args = append(args, claimID)
 		} else {
-			// A claim-less submission binds its engagement the same way, born used.
+			// A claim-less submission binds its engagement the same way,
+			// born used, and reserves its amount on the task.
 			harness, err := pinHarness(ctx, tx, v)
 			if err != nil {
 				return err
 			}
 			amount = v.Price
-			if err := tx.QueryRow(ctx, `INSERT INTO claims (task_id, account_id, version, amount, status, harness, expires_at, deadline, created_at, ended_at)
-				VALUES ($1, $2, $3, $4, 'used', $5, $6, $6, $6, $6) RETURNING id`, r.ID, who.AccountID, v.Number, amount, harness, now).Scan(&claimID); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, `UPDATE tasks SET reserved = reserved + $2 WHERE id = $1`, r.ID, amount); err != nil {
-				return err
-			}
+			claim = `c AS (INSERT INTO claims (task_id, account_id, version, amount, status, harness, expires_at, deadline, created_at, ended_at)
+				VALUES ($1, $2, $3, $10, 'used', $11, $9, $9, $9, $9) RETURNING id, amount),
+				t AS (UPDATE tasks SET reserved = reserved + $10 WHERE id = $1)`
+			args = append(args, amount, harness)
 		}
-		if err := tx.QueryRow(ctx, `INSERT INTO submissions (task_id, account_id, claim_id, version, request_key, payload, payload_hash,
-			amount, state, revises, attempts, next_attempt_at, created_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'delivering', $9, 1, $10, $11) RETURNING id`,
-			r.ID, who.AccountID, claimID, v.Number, in.RequestKey, payload, sum[:], amount, revises, now.Add(s.grace()), now).Scan(&id); err != nil {
-			return err
-		}
-		if err := event(ctx, tx, id, nil, "delivering", "submitted", now); err != nil {
+		// One statement: the engagement, the submission and its first event.
+		if err := tx.QueryRow(ctx, `WITH `+claim+`,
+			s AS (INSERT INTO submissions (task_id, account_id, claim_id, version, request_key, payload, payload_hash,
+				amount, state, revises, attempts, next_attempt_at, created_at)
+				SELECT $1, $2, c.id, $3, $4, $5, $6, c.amount, 'delivering', $7, 1, $8, $9 FROM c RETURNING id),
+			e AS (INSERT INTO submission_events (submission_id, seq, from_state, to_state, cause, at)
+				SELECT id, 1, NULL, 'delivering', 'submitted', $9 FROM s)
+			SELECT id FROM s`, args...).Scan(&id); err != nil {
 			return err
 		}
 		d = &Delivery{SubmissionID: id, TaskCode: r.Code, URL: v.ReceiverURL, Body: s.body(id, r.Code, who.AccountID, payload)}
@@ -594,11 +639,17 @@ func (s *Service) body(id int64, code string, accountID int64, payload []byte) [
 	return b
 }
 
+const eventSQL = `INSERT INTO submission_events (submission_id, seq, from_state, to_state, cause, at)
+	VALUES ($1, (SELECT coalesce(max(seq), 0) + 1 FROM submission_events WHERE submission_id = $1), $2, $3, $4, $5)`
+
 func event(ctx context.Context, tx pgx.Tx, id int64, from *string, to, cause string, at time.Time) error {
-	_, err := tx.Exec(ctx, `INSERT INTO submission_events (submission_id, seq, from_state, to_state, cause, at)
-		VALUES ($1, (SELECT coalesce(max(seq), 0) + 1 FROM submission_events WHERE submission_id = $1), $2, $3, $4, $5)`,
-		id, from, to, cause, at)
+	_, err := tx.Exec(ctx, eventSQL, id, from, to, cause, at)
 	return err
+}
+
+// queueEvent is event in a batch.
+func queueEvent(b *pgx.Batch, id int64, from *string, to, cause string, at time.Time) {
+	b.Queue(eventSQL, id, from, to, cause, at)
 }
 
 // classify maps an outcome to a state and failure by status code alone.
@@ -620,7 +671,9 @@ func classify(o Outcome) (state, failure string) {
 
 // record writes an attempt and its outcome. Locks go task, claim,
 // submission; a submission already settled by a concurrent writer keeps
-// that outcome, so money moves at most once.
+// that outcome, so money moves at most once. The locks are taken in one
+// round trip and the writes sent in another: a batch runs its statements
+// in order, so the lock order holds.
 func (s *Service) record(ctx context.Context, id int64, attempt int, o Outcome) (Result, error) {
 	var res Result
 	var wake *time.Time
@@ -629,18 +682,22 @@ func (s *Service) record(ctx context.Context, id int64, attempt int, o Outcome) 
 		var code, state string
 		var attempts int
 		var since *time.Time
-		if err := tx.QueryRow(ctx, `SELECT s.task_id, t.code, s.claim_id, s.account_id, s.amount FROM submissions s
-			JOIN tasks t ON t.id = s.task_id WHERE s.id = $1`, id).Scan(&taskID, &code, &claimID, &accountID, &amount); err != nil {
-			return err
+		locks := &pgx.Batch{}
+		locks.Queue(`SELECT id, code FROM tasks WHERE id = (SELECT task_id FROM submissions WHERE id = $1) FOR UPDATE`, id)
+		locks.Queue(`SELECT 1 FROM claims WHERE id = (SELECT claim_id FROM submissions WHERE id = $1) FOR UPDATE`, id)
+		locks.Queue(`SELECT claim_id, account_id, amount, state, attempts, uncertain_since FROM submissions WHERE id = $1 FOR UPDATE`, id)
+		br := tx.SendBatch(ctx, locks)
+		err := br.QueryRow().Scan(&taskID, &code)
+		if _, cerr := br.Exec(); err == nil {
+			err = cerr
 		}
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE`, taskID); err != nil {
-			return err
+		if serr := br.QueryRow().Scan(&claimID, &accountID, &amount, &state, &attempts, &since); err == nil {
+			err = serr
 		}
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM claims WHERE id = $1 FOR UPDATE`, claimID); err != nil {
-			return err
+		if cerr := br.Close(); err == nil {
+			err = cerr
 		}
-		if err := tx.QueryRow(ctx, `SELECT state, attempts, uncertain_since FROM submissions WHERE id = $1 FOR UPDATE`, id).
-			Scan(&state, &attempts, &since); err != nil {
+		if err != nil {
 			return err
 		}
 		now := s.Now()
@@ -657,12 +714,30 @@ func (s *Service) record(ctx context.Context, id int64, attempt int, o Outcome) 
 			e := o.Err.Error()
 			errText = &e
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO delivery_attempts (submission_id, attempt, started_at, status, latency_ms, reply, error, outcome)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, id, attempt, now.Add(-o.Latency), status, o.Latency.Milliseconds(), reply, errText, to); err != nil {
+		writes := &pgx.Batch{}
+		writes.Queue(`INSERT INTO delivery_attempts (submission_id, attempt, started_at, status, latency_ms, reply, error, outcome)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, id, attempt, now.Add(-o.Latency), status, o.Latency.Milliseconds(), reply, errText, to)
+		// send runs the writes, then reads the result the caller gets.
+		send := func() error {
+			writes.Queue(resultSQL, id)
+			br := tx.SendBatch(ctx, writes)
+			var err error
+			for range writes.Len() - 1 {
+				if _, e := br.Exec(); err == nil {
+					err = e
+				}
+			}
+			r, e := scanResult(br.QueryRow(), code, id)
+			if err == nil {
+				res, err = r, e
+			}
+			if e := br.Close(); err == nil {
+				err = e
+			}
 			return err
 		}
 		if state != "delivering" && state != "uncertain" {
-			return nil // a concurrent writer's outcome stands
+			return send() // a concurrent writer's outcome stands
 		}
 		from := state
 		switch {
@@ -673,37 +748,32 @@ func (s *Service) record(ctx context.Context, id int64, attempt int, o Outcome) 
 			if since == nil {
 				since = &now
 			}
-			if _, err := tx.Exec(ctx, `UPDATE submissions SET state = 'uncertain', uncertain_since = $2, next_attempt_at = $3 WHERE id = $1`,
-				id, since, next); err != nil {
-				return err
-			}
+			writes.Queue(`UPDATE submissions SET state = 'uncertain', uncertain_since = $2, next_attempt_at = $3 WHERE id = $1`, id, since, next)
 			wake = &next
 			if from != "uncertain" {
-				return event(ctx, tx, id, &from, "uncertain", "no_answer", now)
+				queueEvent(writes, id, &from, "uncertain", "no_answer", now)
 			}
-			return nil
+			return send()
 		}
 		var fail *string
 		if failure != "" {
 			fail = &failure
 		}
-		if _, err := tx.Exec(ctx, `UPDATE submissions SET state = $2, failure = $3, response_code = $4, response_body = $5,
-			payload = NULL, next_attempt_at = NULL, terminal_at = $6 WHERE id = $1`, id, to, fail, status, reply, now); err != nil {
-			return err
-		}
+		writes.Queue(`UPDATE submissions SET state = $2, failure = $3, response_code = $4, response_body = $5,
+			payload = NULL, next_attempt_at = NULL, terminal_at = $6 WHERE id = $1`, id, to, fail, status, reply, now)
 		cause := map[string]string{"settled": "accepted", "rejected": "rejected", "failed": strings.ToLower(failure)}[to]
-		if err := event(ctx, tx, id, &from, to, cause, now); err != nil {
-			return err
-		}
+		queueEvent(writes, id, &from, to, cause, now)
 		if to == "settled" {
-			if _, err := tx.Exec(ctx, `UPDATE tasks SET reserved = reserved - $2, settled = settled + $2 WHERE id = $1`, taskID, amount); err != nil {
+			writes.Queue(`UPDATE tasks SET reserved = reserved - $2, settled = settled + $2 WHERE id = $1`, taskID, amount)
+			if err := send(); err != nil {
 				return err
 			}
 			_, err := credits.Apply(ctx, tx, now, credits.Movement{AccountID: accountID, Type: credits.EarnTask, Amount: amount,
 				RefType: "task_submission", RefID: strconv.FormatInt(id, 10)})
 			return err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE tasks SET reserved = reserved - $2 WHERE id = $1`, taskID, amount); err != nil {
+		writes.Queue(`UPDATE tasks SET reserved = reserved - $2 WHERE id = $1`, taskID, amount)
+		if err := send(); err != nil {
 			return err
 		}
 		if to == "failed" {
@@ -717,12 +787,7 @@ func (s *Service) record(ctx context.Context, id int64, attempt int, o Outcome) 
 	if wake != nil && s.Wake != nil {
 		_ = s.Wake.EnqueueAttempt(ctx, id, attempt+1, *wake)
 	}
-	var code string
-	if err := s.DB.QueryRow(ctx, `SELECT t.code FROM submissions s JOIN tasks t ON t.id = s.task_id WHERE s.id = $1`, id).Scan(&code); err != nil {
-		return Result{}, err
-	}
-	res, err = result(ctx, s.DB, code, id, false)
-	return res, err
+	return res, nil
 }
 
 // pauseOnFailures pauses an open task whose five most recent terminal
@@ -736,14 +801,20 @@ func pauseOnFailures(ctx context.Context, tx pgx.Tx, taskID int64, now time.Time
 	return err
 }
 
+// resultSQL reads a submission for its executor; scanResult scans it.
+const resultSQL = `SELECT state, amount, failure, response_code, response_body, version, created_at, terminal_at
+	FROM submissions WHERE id = $1`
+
 // result reads a submission for its executor.
 func result(ctx context.Context, q querier, code string, id int64, events bool) (Result, error) {
+	return scanResult(q.QueryRow(ctx, resultSQL, id), code, id)
+}
+
+func scanResult(row pgx.Row, code string, id int64) (Result, error) {
 	res := Result{TaskCode: code, SubmissionID: strconv.FormatInt(id, 10)}
 	var status *int
 	var body *string
-	err := q.QueryRow(ctx, `SELECT state, amount, failure, response_code, response_body, version, created_at, terminal_at
-		FROM submissions WHERE id = $1`, id).
-		Scan(&res.State, &res.Amount, &res.Failure, &status, &body, &res.ContractVersion, &res.CreatedAt, &res.TerminalAt)
+	err := row.Scan(&res.State, &res.Amount, &res.Failure, &status, &body, &res.ContractVersion, &res.CreatedAt, &res.TerminalAt)
 	if err != nil {
 		return Result{}, err
 	}

@@ -160,12 +160,16 @@ type querier interface {
 
 // load reads a task the caller may see, with its current version. A task
 // restricted to an audience the caller is not in does not exist for them:
-// the refusal is the same TASK_NOT_FOUND as for a missing code.
-func load(ctx context.Context, q querier, who kungfu.Caller, code string, lock bool) (row, error) {
+// the refusal is the same TASK_NOT_FOUND as for a missing code. With lock,
+// more may queue reads to run in the same round trip right after the
+// task's row lock is granted; they name the task by its normalized code and
+// their results are read by the function more returns.
+func load(ctx context.Context, q querier, who kungfu.Caller, code string, lock bool, more ...func(b *pgx.Batch, code string) func(pgx.BatchResults)) (row, error) {
 	notFound := kungfu.Errorf(kungfu.CodeTaskNotFound, "no task %s", strings.TrimSpace(code))
 	if !codeRE.MatchString(strings.TrimSpace(code)) {
 		return row{}, notFound
 	}
+	code = strings.ToLower(strings.TrimSpace(code))
 	sql := `SELECT ` + taskColumns + `, ` + versionColumns + `
 		FROM tasks t JOIN accounts p ON p.id = t.publisher_id
 		JOIN task_versions v ON v.task_id = t.id AND v.version = t.version
@@ -174,7 +178,26 @@ func load(ctx context.Context, q querier, who kungfu.Caller, code string, lock b
 	if lock {
 		sql += ` FOR UPDATE OF t`
 	}
-	r, err := scanTask(q.QueryRow(ctx, sql, strings.ToLower(strings.TrimSpace(code)), who.AccountID))
+	var r row
+	var err error
+	if tx, ok := q.(pgx.Tx); ok && len(more) > 0 {
+		b := &pgx.Batch{}
+		b.Queue(sql, code, who.AccountID)
+		var reads []func(pgx.BatchResults)
+		for _, m := range more {
+			reads = append(reads, m(b, code))
+		}
+		br := tx.SendBatch(ctx, b)
+		r, err = scanTask(br.QueryRow())
+		for _, read := range reads {
+			read(br)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	} else {
+		r, err = scanTask(q.QueryRow(ctx, sql, code, who.AccountID))
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return row{}, notFound
 	}

@@ -104,11 +104,11 @@ func (s *Service) Post(ctx context.Context, who kungfu.Caller, in PostInput, ide
 		}
 	}
 	return s.run(ctx, who, "thread_post", idem, func(ctx context.Context, w *write) (any, error) {
-		r, err := w.lockRoom(ctx, in.Thread)
+		r, members, reply, err := w.lockMembers(ctx, in.Thread, in.ReplyTo)
 		if err != nil {
 			return nil, err
 		}
-		rl, err := role(ctx, w.tx, r.ID, who.AccountID)
+		rl, err := roleOf(members, who.AccountID)
 		if err != nil {
 			return nil, err
 		}
@@ -118,27 +118,16 @@ func (s *Service) Post(ctx context.Context, who kungfu.Caller, in PostInput, ide
 		if !canSpeak(rl) {
 			return nil, kungfu.Errorf(kungfu.CodeReadOnly, "observers cannot speak in this room")
 		}
-		members, err := w.members(ctx, r.ID)
-		if err != nil {
-			return nil, err
-		}
 
 		// The pinned version: new thread content, or an existing memory.
-		var memID int64
-		var memCode, summary string
-		var rev int
+		var pin pinned
+		var summary string
 		if in.Content != nil {
 			summary = in.Summary
 			if summary == "" {
 				summary = strings.TrimSpace(*in.Content)
 			}
-			m, err := memory.Insert(ctx, w.tx, who.AccountID, "thread", memory.Draft{
-				Title: truncate(firstLine(summary), 128), Tags: []string{"thread"}, Content: *in.Content,
-			}, w.now)
-			if err != nil {
-				return nil, err
-			}
-			memID, memCode, rev = m.ID, m.Code, 1
+			pin = pinned{content: in.Content, title: truncate(firstLine(summary), 128), rev: 1}
 		} else {
 			h, err := memory.LookupHead(ctx, w.tx, in.Memory)
 			if err != nil {
@@ -151,7 +140,7 @@ func (s *Service) Post(ctx context.Context, who kungfu.Caller, in PostInput, ide
 			case !own && h.Visibility != "public":
 				return nil, kungfu.Errorf(kungfu.CodeInvalidTarget, "memory %s is someone else's private memory", h.Code)
 			}
-			memID, memCode, rev = h.ID, h.Code, h.Revision
+			pin = pinned{id: h.ID, code: h.Code, rev: h.Revision}
 			summary = in.Summary
 			if summary == "" {
 				summary = h.Title
@@ -159,52 +148,34 @@ func (s *Service) Post(ctx context.Context, who kungfu.Caller, in PostInput, ide
 		}
 
 		// reply_to must be an entry of this room.
+		if in.ReplyTo != 0 && reply == nil {
+			return nil, kungfu.Errorf(kungfu.CodeInvalidTarget, "entry %d is not in this room", in.ReplyTo)
+		}
 		var replyAuthor int64
-		if in.ReplyTo != 0 {
-			err := w.tx.QueryRow(ctx, `SELECT author_id FROM thread_entries WHERE id = $1 AND thread_id = $2`, in.ReplyTo, r.ID).Scan(&replyAuthor)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil, kungfu.Errorf(kungfu.CodeInvalidTarget, "entry %d is not in this room", in.ReplyTo)
-			}
-			if err != nil {
-				return nil, err
-			}
+		var replyTo *int64
+		if reply != nil {
+			replyAuthor, replyTo = *reply, &in.ReplyTo
 		}
 		asked, err := responders(who.AccountID, in, members, replyAuthor)
 		if err != nil {
 			return nil, err
 		}
 
-		seq := r.NextSeq
-		var entryID int64
-		var replyTo *int64
-		if in.ReplyTo != 0 {
-			replyTo = &in.ReplyTo
+		out := Posted{Thread: r.Code, Seq: r.NextSeq, Revision: pin.rev, Asked: []string{}, At: w.now}
+		ids := make([]int64, len(asked))
+		for i, m := range asked {
+			ids[i] = m.id
+			out.Asked = append(out.Asked, m.name)
 		}
-		if err := w.tx.QueryRow(ctx, `INSERT INTO thread_entries (thread_id, seq, author_id, memory_id, revision, summary, reply_to, created_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id`, r.ID, seq, who.AccountID, memID, rev, truncate(summary, MaxSummary), replyTo, w.now).Scan(&entryID); err != nil {
+		var fulfilled int
+		if out.Entry, out.Memory, fulfilled, err = w.speak(ctx, r, pin, truncate(summary, MaxSummary), replyTo, ids); err != nil {
 			return nil, err
 		}
-		if _, err := w.tx.Exec(ctx, `UPDATE threads SET next_seq = next_seq + 1 WHERE id = $1`, r.ID); err != nil {
-			return nil, err
-		}
-		out := Posted{Thread: r.Code, Entry: entryID, Seq: seq, Memory: memCode, Revision: rev, Asked: []string{}, At: w.now}
+		out.Fulfilled = fulfilled == 1
 		for _, m := range asked {
-			if _, err := w.tx.Exec(ctx, `INSERT INTO thread_receipts (thread_id, entry_id, account_id, created_at) VALUES ($1, $2, $3, $4)`,
-				r.ID, entryID, m.id, w.now); err != nil {
-				return nil, err
-			}
 			if err := w.notify(ctx, m.id, "reply"); err != nil {
 				return nil, err
 			}
-			out.Asked = append(out.Asked, m.name)
-		}
-		if in.ReplyTo != 0 {
-			tag, err := w.tx.Exec(ctx, `UPDATE thread_receipts SET state = 'fulfilled', resolution = 'reply', ended_at = $3
-				WHERE entry_id = $1 AND account_id = $2 AND state = 'pending'`, in.ReplyTo, who.AccountID, w.now)
-			if err != nil {
-				return nil, err
-			}
-			out.Fulfilled = tag.RowsAffected() == 1
 		}
 		if spec != nil {
 			to, err := findMember(members, spec.to)
@@ -217,7 +188,7 @@ func (s *Service) Post(ctx context.Context, who kungfu.Caller, in PostInput, ide
 			var id int64
 			if err := w.tx.QueryRow(ctx, `INSERT INTO assigns (thread_id, entry_id, creator_id, assignee_id, requirements, output_schema,
 				deliver_due_s, judge_due_s, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) RETURNING id`,
-				r.ID, entryID, who.AccountID, to.id, spec.requirements, spec.schema, spec.deliverDue, spec.judgeDue, w.now).Scan(&id); err != nil {
+				r.ID, out.Entry, who.AccountID, to.id, spec.requirements, spec.schema, spec.deliverDue, spec.judgeDue, w.now).Scan(&id); err != nil {
 				return nil, err
 			}
 			if err := w.notify(ctx, to.id, "assign"); err != nil {
@@ -227,6 +198,103 @@ func (s *Service) Post(ctx context.Context, who kungfu.Caller, in PostInput, ide
 		}
 		return out, nil
 	})
+}
+
+// pinned is the memory version an entry pins: new content to store as a
+// thread memory at revision 1, or an existing memory's current revision.
+type pinned struct {
+	content *string
+	title   string
+	id      int64
+	code    string
+	rev     int
+}
+
+// speakSQL writes an entry and everything riding it in one statement: the
+// room's sequence moves on, the asked members' receipts are created, and
+// the author's own receipt on the entry replied to is fulfilled. $9 is the
+// pinned memory's id.
+const speakSQL = `WITH m AS (SELECT $9::bigint AS id),
+	n AS (UPDATE threads SET next_seq = next_seq + 1 WHERE id = $1 AND EXISTS (SELECT 1 FROM m)),
+	e AS (INSERT INTO thread_entries (thread_id, seq, author_id, memory_id, revision, summary, reply_to, created_at)
+	      SELECT $1, $2, $3, m.id, $4, $5, $6, $7 FROM m RETURNING id),
+	r AS (INSERT INTO thread_receipts (thread_id, entry_id, account_id, created_at)
+	      SELECT $1, e.id, a, $7 FROM e, unnest($8::bigint[]) a),
+	f AS (UPDATE thread_receipts SET state = 'fulfilled', resolution = 'reply', ended_at = $7
+	      WHERE entry_id = $6 AND account_id = $3 AND state = 'pending' AND EXISTS (SELECT 1 FROM e) RETURNING 1)
+	SELECT e.id, (SELECT count(*) FROM f) FROM e`
+
+// speak writes the entry at the room's next seq and returns its id, the
+// pinned memory's code and how many receipts the reply fulfilled.
+func (w *write) speak(ctx context.Context, r room, pin pinned, summary string, replyTo *int64, asked []int64) (int64, string, int, error) {
+	if pin.content != nil {
+		// New content is stored first, as memory_put would store it.
+		m, err := memory.Insert(ctx, w.tx, w.who.AccountID, "thread", memory.Draft{
+			Title: pin.title, Tags: []string{"thread"}, Content: *pin.content,
+		}, w.now)
+		if err != nil {
+			return 0, "", 0, err
+		}
+		pin.id, pin.code = m.ID, m.Code
+	}
+	var entry int64
+	var fulfilled int
+	err := w.tx.QueryRow(ctx, speakSQL, r.ID, r.NextSeq, w.who.AccountID, pin.rev, summary, replyTo, w.now, asked, pin.id).Scan(&entry, &fulfilled)
+	return entry, pin.code, fulfilled, err
+}
+
+// lockMembers locks the room and reads its members (and the author of the
+// entry replied to, when replyTo is set) in one round trip. The statements
+// of a batch still run one after another, each on a fresh snapshot, so the
+// reads see everything committed before the lock was granted, exactly as
+// separate statements would.
+func (w *write) lockMembers(ctx context.Context, code string, replyTo int64) (room, []member, *int64, error) {
+	code, err := normalizeCode(code)
+	if err != nil {
+		return room{}, nil, nil, err
+	}
+	b := &pgx.Batch{}
+	b.Queue(`SELECT `+roomColumns+` FROM threads WHERE code = $1 FOR UPDATE`, code)
+	b.Queue(`SELECT a.id, a.name, m.role FROM threads t JOIN thread_members m ON m.thread_id = t.id JOIN accounts a ON a.id = m.account_id
+		WHERE t.code = $1 ORDER BY m.joined_at, a.id`, code)
+	if replyTo != 0 {
+		b.Queue(`SELECT e.author_id FROM thread_entries e JOIN threads t ON t.id = e.thread_id WHERE e.id = $1 AND t.code = $2`, replyTo, code)
+	}
+	br := w.tx.SendBatch(ctx, b)
+	r, rerr := scanRoom(br.QueryRow())
+	members, merr := collectMembers(br.Query())
+	var reply *int64
+	var perr error
+	if replyTo != 0 {
+		var author int64
+		switch perr = br.QueryRow().Scan(&author); {
+		case perr == nil:
+			reply = &author
+		case errors.Is(perr, pgx.ErrNoRows):
+			perr = nil
+		}
+	}
+	cerr := br.Close()
+	switch {
+	case errors.Is(rerr, pgx.ErrNoRows):
+		return room{}, nil, nil, kungfu.Errorf(kungfu.CodeThreadNotFound, "no room %s", code)
+	case rerr != nil:
+		return room{}, nil, nil, rerr
+	}
+	if err := errors.Join(merr, perr, cerr); err != nil {
+		return room{}, nil, nil, err
+	}
+	return r, members, reply, nil
+}
+
+// roleOf returns the caller's role from the room's members, or NOT_MEMBER.
+func roleOf(members []member, accountID int64) (string, error) {
+	for _, m := range members {
+		if m.id == accountID {
+			return m.role, nil
+		}
+	}
+	return "", kungfu.Errorf(kungfu.CodeNotMember, "you are not a member of this room")
 }
 
 // responders applies the four rules, frozen at post time: an explicit ask;
@@ -278,9 +346,7 @@ func responders(author int64, in PostInput, members []member, replyAuthor int64)
 	return nil, nil
 }
 
-func (w *write) members(ctx context.Context, roomID int64) ([]member, error) {
-	rows, err := w.tx.Query(ctx, `SELECT a.id, a.name, m.role FROM thread_members m JOIN accounts a ON a.id = m.account_id
-		WHERE m.thread_id = $1 ORDER BY m.joined_at, a.id`, roomID)
+func collectMembers(rows pgx.Rows, err error) ([]member, error) {
 	if err != nil {
 		return nil, err
 	}

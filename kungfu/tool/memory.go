@@ -124,7 +124,7 @@ func memoryTools(s Services) []*Tool {
 				Checksum: got.Checksum, Visibility: got.Visibility}, nil
 		}),
 	}, {
-		Name:  "memory_list",
+		Name: "memory_list", ReadOnly: true,
 		Group: "Memory",
 		Description: "Your own active memories, most recently updated first (thread entry memories are read " +
 			"through thread_get instead).",
@@ -149,7 +149,7 @@ func memoryTools(s Services) []*Tool {
 			return out, nil
 		}),
 	}, {
-		Name:  "memory_get",
+		Name: "memory_get", ReadOnly: true,
 		Group: "Memory",
 		Description: "Read one memory. Yours at any revision (even after withdrawal, with revision); anyone " +
 			"else's only at the current version while it is active and public; with assign, a room member reads " +

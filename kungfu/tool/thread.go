@@ -265,7 +265,7 @@ func (s Services) join() Handler {
 }
 
 func threadGet(t *thread.Service) *Tool {
-	return &Tool{Name: "thread_get", Group: "Rooms",
+	return &Tool{Name: "thread_get", ReadOnly: true, Group: "Rooms",
 		Description: "Your working set for one room, from one snapshot: status, your role, members, key facts, the " +
 			"timeline (50 a page, newest first, cursor) with per-asked receipt states and each entry's assignment, " +
 			"entries=[ids] expands pinned memory versions, the assignment digest (50 a page, assignments_cursor; " +
@@ -286,7 +286,7 @@ func threadGet(t *thread.Service) *Tool {
 }
 
 func threadList(t *thread.Service) *Tool {
-	return &Tool{Name: "thread_list", Group: "Rooms",
+	return &Tool{Name: "thread_list", ReadOnly: true, Group: "Rooms",
 		Description: "Rooms you are in, newest first, 50 a page: open_items is what you owe there; open_invites " +
 			"counts open assignments addressed to you (pointers, not obligations).",
 		Schema: `{"type":"object","properties":{"status":{"type":"string","enum":["open","closed"]},
@@ -334,7 +334,7 @@ func assignTools(s Services) []*Tool {
 
 func turnTools(s Services) []*Tool {
 	return []*Tool{{
-		Name: "todo_list", Group: "Turns",
+		Name: "todo_list", ReadOnly: true, Group: "Turns",
 		Description: "Everything you owe right now, rebuilt from facts: reply (a pending receipt), deliver (an " +
 			"assignment you took), judge (a delivery awaiting you); oldest first, 50 a page, stable cursor. Empty = " +
 			"next_action wait with retry_after. opportunities counts work addressed to you that is not yet yours. " +

@@ -53,7 +53,13 @@ type Tool struct {
 	Limit string
 	// LimitByIP charges the client address instead of the account.
 	LimitByIP bool
-	Handler   Handler
+	// ReadOnly tools only read: one may run while its rate-limit verdict
+	// is still out, since a refused call's result is dropped and nothing
+	// of it stays. A tool that writes must never set it, or its write could
+	// commit before a refusal (TestReadOnlyTools runs each on a read-only
+	// database).
+	ReadOnly bool
+	Handler  Handler
 
 	compiled *jsonschema.Schema
 }

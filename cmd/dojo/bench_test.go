@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dojo-relay/dojo/kungfu/kungfutest"
+)
+
+// TestBenchSmoke runs `dojo bench` for a few hundred milliseconds per
+// window against two real `dojo serve` processes on one database, limits
+// on and off, and checks that every row of the table is there with sane
+// figures. It asserts no threshold: CI machines differ too much.
+func TestBenchSmoke(t *testing.T) {
+	t.Parallel()
+	dsn := kungfutest.DatabaseURL(t)
+	shared := map[string]string{"DATABASE_URL": dsn, "REDIS_URL": kungfutest.RedisURL(),
+		"DOJO_REDIS_PREFIX": kungfutest.RedisPrefix(t), "DOJO_QUEUE": kungfutest.Queue(t),
+		"DOJO_ALLOW_TARGETS": "127.0.0.1", "DOJO_DB_MAX_CONNS": "8"}
+	with := func(limits string) map[string]string {
+		env := map[string]string{"DOJO_RATE_LIMITS": limits}
+		for k, v := range shared {
+			env[k] = v
+		}
+		return env
+	}
+	on, off := startServe(t, with(benchLimits)), startServe(t, with("off"))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	err := bench(ctx, &out, []string{"--url", on.base, "--unlimited-url", off.base, "--database-url", dsn,
+		"--duration", "300ms", "--warmup", "0s", "-c", "4"})
+	if err != nil {
+		t.Fatalf("bench: %v\n%s\n%s\n%s", err, out.String(), on.out.String(), off.out.String())
+	}
+	text := out.String()
+	t.Log("\n" + text)
+	for _, name := range []string{"raw INSERT, fsynced", "memory_get HTTP JSON, c=4", "memory_get MCP tools/call",
+		"thread_post, own rooms", "work_submit → settled, one task per client", "limits off", "limits on"} {
+		line := lineWith(text, name)
+		if line == "" {
+			t.Errorf("no row %q in:\n%s", name, text)
+			continue
+		}
+		// The second column is ops/s: more than zero, and not absurd
+		// for a loopback server on a test machine.
+		f := strings.Fields(line[strings.Index(line, name)+len(name):])
+		for len(f) > 0 && !isNumber(f[0]) {
+			f = f[1:]
+		}
+		if len(f) < 3 {
+			t.Errorf("row %q has no figures: %q", name, line)
+			continue
+		}
+		ops, _ := strconv.ParseFloat(f[0], 64)
+		p50, _ := strconv.ParseFloat(f[1], 64)
+		p99, _ := strconv.ParseFloat(f[2], 64)
+		if ops <= 0 || ops > 1e6 || p50 <= 0 || p99 < p50 {
+			t.Errorf("row %q: ops/s %v, p50 %v ms, p99 %v ms", name, ops, p50, p99)
+		}
+	}
+	if !strings.Contains(text, "× HTTP") || !strings.Contains(text, "% vs off") {
+		t.Errorf("ratios missing:\n%s", text)
+	}
+	// The scratch table is gone; the bench's accounts stay, and the money
+	// it granted went through the ledger.
+	out.Reset()
+	if err := check(ctx, &out, config{DatabaseURL: dsn}, nil); err != nil {
+		t.Fatalf("dojo check after the bench: %v\n%s", err, out.String())
+	}
+
+	// Markdown, for docs/performance.md, and a refusal that says what to fix.
+	out.Reset()
+	if err := bench(ctx, &out, []string{"--url", on.base, "--database-url", dsn, "--duration", "50ms", "--warmup", "0s", "-c", "2", "--markdown"}); err != nil {
+		t.Fatalf("bench --markdown: %v", err)
+	}
+	if md := out.String(); !strings.Contains(md, "| workload | ops/s |") || !strings.Contains(md, "skipped: no --unlimited-url") {
+		t.Errorf("markdown:\n%s", md)
+	}
+	err = bench(ctx, &out, []string{"--url", off.base, "--database-url", kungfutest.DatabaseURL(t), "--duration", "50ms", "-c", "1"})
+	if err == nil || !strings.Contains(err.Error(), "is not in --database-url") {
+		t.Errorf("bench against another database: %v", err)
+	}
+}
+
+func lineWith(text, s string) string {
+	for line := range strings.SplitSeq(text, "\n") {
+		if strings.Contains(line, s) {
+			return line
+		}
+	}
+	return ""
+}
+
+func isNumber(s string) bool {
+	_, err := strconv.ParseFloat(s, 64)
+	return err == nil
+}
