@@ -326,13 +326,16 @@ func (h *Hub) getTask(r *http.Request) (int, any, error) {
 	if err := json.Unmarshal(l.Body, &doc); err != nil {
 		return 0, nil, fmt.Errorf("letter %s body: %w", l.TaskID, err)
 	}
-	attempts, err := h.attempts(r.Context(), l.ID)
-	if err != nil {
-		return 0, nil, err
-	}
+	// The outcome is read before the attempts: the last attempt's result
+	// and the audit commit together, so a view that shows an outcome also
+	// shows the attempt that decided it.
 	var outcome *string
 	err = h.DB.QueryRow(r.Context(), `SELECT outcome FROM kz_audit WHERE letter_id = $1 ORDER BY id LIMIT 1`, l.ID).Scan(&outcome)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil, err
+	}
+	attempts, err := h.attempts(r.Context(), l.ID)
+	if err != nil {
 		return 0, nil, err
 	}
 	return http.StatusOK, map[string]any{

@@ -103,36 +103,52 @@ func (s *Service) create(ctx context.Context, who kungfu.Caller, d Draft, origin
 	return m, nil
 }
 
-// Insert stores a new memory at revision 1 inside tx. Rooms call it with
-// origin "thread" for entry content, in the entry's own transaction. A code
-// collision is retried under a savepoint so the caller's transaction lives.
-func Insert(ctx context.Context, tx pgx.Tx, accountID int64, origin string, d Draft, now time.Time) (Memory, error) {
+// insertSQL writes a new memory's head and revision 1 in one statement
+// and yields its id. A code collision yields no row (ON CONFLICT) instead
+// of an error, so the caller's transaction stays usable for another draw
+// without a savepoint.
+const insertSQL = `WITH m AS (INSERT INTO memories (code, account_id, origin, revision, created_at, updated_at)
+	      VALUES ($1, $2, $3, 1, $4, $4) ON CONFLICT (code) DO NOTHING RETURNING id),
+	 v AS (INSERT INTO memory_revisions (memory_id, revision, title, tags, description, content, checksum, created_at)
+	      SELECT id, 1, $5, $6, $7, $8, $9, $4 FROM m)
+	 SELECT id FROM m`
+
+// QueueInsert adds to b the insert of a new memory under a freshly drawn
+// code, so a caller can send it with statements that use the memory in one
+// round trip, and returns the memory as it will be. Its result row is the
+// new id, or no row when the code was taken: then nothing was written and
+// the caller draws again.
+func QueueInsert(b *pgx.Batch, accountID int64, origin string, d Draft, now time.Time) Memory {
+	m, args := draft(accountID, origin, d, now)
+	b.Queue(insertSQL, args...)
+	return m
+}
+
+// draft is a new memory at revision 1 under a fresh code, with insertSQL's
+// arguments.
+func draft(accountID int64, origin string, d Draft, now time.Time) (Memory, []any) {
 	sum := sha256.Sum256([]byte(d.Content))
 	m := Memory{
+		Code: newCode(), OwnerID: accountID, Current: 1, Visibility: "private", Status: "active", Origin: origin,
 		Title: d.Title, Tags: d.Tags, Description: d.Description, Content: d.Content,
-		Checksum: hex.EncodeToString(sum[:]), Revision: 1,
+		Checksum: hex.EncodeToString(sum[:]), Revision: 1, CreatedAt: now, UpdatedAt: now,
 	}
+	return m, []any{m.Code, accountID, origin, now, m.Title, m.Tags, m.Description, m.Content, m.Checksum}
+}
+
+// Insert stores a new memory at revision 1 inside tx. Rooms use it (or
+// QueueInsert) with origin "thread" for entry content, in the entry's own
+// transaction.
+func Insert(ctx context.Context, tx pgx.Tx, accountID int64, origin string, d Draft, now time.Time) (Memory, error) {
 	for range 5 {
-		code := newCode()
-		// One statement writes the head and revision 1. A code collision
-		// yields no row (ON CONFLICT) instead of an error, so the caller's
-		// transaction stays usable for another draw without a savepoint.
-		err := tx.QueryRow(ctx,
-			`WITH m AS (INSERT INTO memories (code, account_id, origin, revision, created_at, updated_at)
-			      VALUES ($1, $2, $3, 1, $4, $4) ON CONFLICT (code) DO NOTHING RETURNING id),
-			 v AS (INSERT INTO memory_revisions (memory_id, revision, title, tags, description, content, checksum, created_at)
-			      SELECT id, 1, $5, $6, $7, $8, $9, $4 FROM m)
-			 SELECT id FROM m`,
-			code, accountID, origin, now, m.Title, m.Tags, m.Description, m.Content, m.Checksum).Scan(&m.ID)
+		m, args := draft(accountID, origin, d, now)
+		err := tx.QueryRow(ctx, insertSQL, args...).Scan(&m.ID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // code collision: draw again
 		}
 		if err != nil {
 			return Memory{}, err
 		}
-		m.Code, m.OwnerID = code, accountID
-		m.Current, m.Visibility, m.Status, m.Origin = 1, "private", "active", origin
-		m.CreatedAt, m.UpdatedAt = now, now
 		return m, nil
 	}
 	return Memory{}, errors.New("create memory: could not draw a free code")

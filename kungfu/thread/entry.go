@@ -210,11 +210,11 @@ type pinned struct {
 	rev     int
 }
 
-// speakSQL writes an entry and everything riding it in one statement: the
-// room's sequence moves on, the asked members' receipts are created, and
-// the author's own receipt on the entry replied to is fulfilled. $9 is the
-// pinned memory's id.
-const speakSQL = `WITH m AS (SELECT $9::bigint AS id),
+// speakTail writes an entry and everything riding it in one statement:
+// the room's sequence moves on, the asked members' receipts are created,
+// and the author's own receipt on the entry replied to is fulfilled. It
+// follows a CTE m that yields the pinned memory's id, from $9.
+const speakTail = `
 	n AS (UPDATE threads SET next_seq = next_seq + 1 WHERE id = $1 AND EXISTS (SELECT 1 FROM m)),
 	e AS (INSERT INTO thread_entries (thread_id, seq, author_id, memory_id, revision, summary, reply_to, created_at)
 	      SELECT $1, $2, $3, m.id, $4, $5, $6, $7 FROM m RETURNING id),
@@ -224,23 +224,47 @@ const speakSQL = `WITH m AS (SELECT $9::bigint AS id),
 	      WHERE entry_id = $6 AND account_id = $3 AND state = 'pending' AND EXISTS (SELECT 1 FROM e) RETURNING 1)
 	SELECT e.id, (SELECT count(*) FROM f) FROM e`
 
+const (
+	// speakPinned pins an existing memory: $9 is its id.
+	speakPinned = `WITH m AS (SELECT $9::bigint AS id),` + speakTail
+	// speakNew pins the thread memory queued just before it in the same
+	// batch: $9 is its code. Only a row this very post wrote matches (the
+	// author, the origin and the transaction's time), so if the code was
+	// taken and nothing was written, m is empty and so is everything else.
+	speakNew = `WITH m AS (SELECT id FROM memories WHERE code = $9 AND account_id = $3 AND origin = 'thread' AND created_at = $7),` + speakTail
+)
+
 // speak writes the entry at the room's next seq and returns its id, the
-// pinned memory's code and how many receipts the reply fulfilled.
+// pinned memory's code and how many receipts the reply fulfilled. New
+// content is stored as memory_put would store it, in the same round trip.
 func (w *write) speak(ctx context.Context, r room, pin pinned, summary string, replyTo *int64, asked []int64) (int64, string, int, error) {
-	if pin.content != nil {
-		// New content is stored first, as memory_put would store it.
-		m, err := memory.Insert(ctx, w.tx, w.who.AccountID, "thread", memory.Draft{
-			Title: pin.title, Tags: []string{"thread"}, Content: *pin.content,
-		}, w.now)
-		if err != nil {
-			return 0, "", 0, err
-		}
-		pin.id, pin.code = m.ID, m.Code
-	}
+	args := []any{r.ID, r.NextSeq, w.who.AccountID, pin.rev, summary, replyTo, w.now, asked}
 	var entry int64
 	var fulfilled int
-	err := w.tx.QueryRow(ctx, speakSQL, r.ID, r.NextSeq, w.who.AccountID, pin.rev, summary, replyTo, w.now, asked, pin.id).Scan(&entry, &fulfilled)
-	return entry, pin.code, fulfilled, err
+	if pin.content == nil {
+		err := w.tx.QueryRow(ctx, speakPinned, append(args, pin.id)...).Scan(&entry, &fulfilled)
+		return entry, pin.code, fulfilled, err
+	}
+	for range 5 {
+		b := &pgx.Batch{}
+		m := memory.QueueInsert(b, w.who.AccountID, "thread", memory.Draft{
+			Title: pin.title, Tags: []string{"thread"}, Content: *pin.content,
+		}, w.now)
+		b.Queue(speakNew, append(args, m.Code)...)
+		br := w.tx.SendBatch(ctx, b)
+		var id int64
+		ierr := br.QueryRow().Scan(&id)
+		serr := br.QueryRow().Scan(&entry, &fulfilled)
+		cerr := br.Close()
+		if errors.Is(ierr, pgx.ErrNoRows) && errors.Is(serr, pgx.ErrNoRows) && cerr == nil {
+			continue // memory code collision: nothing was written; draw again
+		}
+		if err := errors.Join(ierr, serr, cerr); err != nil {
+			return 0, "", 0, err
+		}
+		return entry, m.Code, fulfilled, nil
+	}
+	return 0, "", 0, errors.New("create memory: could not draw a free code")
 }
 
 // lockMembers locks the room and reads its members (and the author of the
