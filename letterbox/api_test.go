@@ -316,7 +316,7 @@ func TestForwardToHub(t *testing.T) {
 	hub := &fakeHub{}
 	srv := httptest.NewServer(hub)
 	defer srv.Close()
-	var logs syncBuffer
+	var logs letterbox.LogBuffer
 	r := startBox(t, "", srv.URL, func(b *letterbox.Box) {
 		b.Log = slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 		b.Config.HubURL += "/"
@@ -368,24 +368,6 @@ func TestForwardToHub(t *testing.T) {
 	if strings.Contains(got, "kf_live_agent_token") || strings.Contains(got, secret) {
 		t.Errorf("the log holds a secret:\n%s", got)
 	}
-}
-
-// syncBuffer is a log destination safe for the box's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func outboxItems(home string) []string {

@@ -26,19 +26,20 @@ import (
 
 const hardSecret = "es_hardening_secret"
 
-// lockedBuffer collects log lines from the box's goroutines.
-type lockedBuffer struct {
+// LogBuffer collects log lines from the box's goroutines. It is exported
+// so the package's external tests use it too.
+type LogBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (l *lockedBuffer) Write(p []byte) (int, error) {
+func (l *LogBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.Write(p)
 }
 
-func (l *lockedBuffer) String() string {
+func (l *LogBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
@@ -46,9 +47,9 @@ func (l *lockedBuffer) String() string {
 
 // hardBox serves a box on loopback through Serve, as `dojo-box run`
 // does, and returns it with its base URL and its log.
-func hardBox(t *testing.T, hub string, tune func(*Box)) (*Box, string, *lockedBuffer) {
+func hardBox(t *testing.T, hub string, tune func(*Box)) (*Box, string, *LogBuffer) {
 	t.Helper()
-	logs := &lockedBuffer{}
+	logs := &LogBuffer{}
 	b := &Box{
 		Home:           t.TempDir(),
 		Config:         Config{HubURL: hub, AgentID: "A-HARD", AgentToken: "kf_live_hard_token", EndpointSecret: hardSecret},

@@ -1,7 +1,6 @@
 package queue_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -202,7 +201,7 @@ func TestEngineErrors(t *testing.T) {
 // each failure used to be one warning per sweep for the whole outage.
 func TestEveryHoldsBackRepeats(t *testing.T) {
 	t.Parallel()
-	var buf syncBuffer
+	var buf kungfutest.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	e, err := queue.NewEngine(kungfutest.RedisURL(), kungfutest.Queue(t), log)
 	if err != nil {
@@ -222,22 +221,4 @@ func TestEveryHoldsBackRepeats(t *testing.T) {
 	if lines < 1 || lines > 3 {
 		t.Fatalf("%d warnings for %d failed sweeps:\n%s", lines, n.Load(), buf.String())
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the engine's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -65,22 +65,11 @@ func privateRedis(t *testing.T) (url string, stop func()) {
 }
 
 // logBuffer is an io.Writer the server's slog handler writes JSON lines to.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
+type logBuffer struct{ kungfutest.Buffer }
 
 func (b *logBuffer) lines() []map[string]any {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var out []map[string]any
-	sc := bufio.NewScanner(bytes.NewReader(b.buf.Bytes()))
+	sc := bufio.NewScanner(bytes.NewReader(b.Bytes()))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		var m map[string]any

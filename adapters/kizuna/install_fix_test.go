@@ -11,13 +11,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/dojo-relay/dojo/kungfu/account"
 )
@@ -129,19 +126,8 @@ func (rec *recorder) requests() []seenRequest {
 // into the file the script gives its stderr, and a rerun served by
 // another hub warns and sends the agent token only to the box's own hub.
 func TestKizunaInstallLinuxQuiet(t *testing.T) {
-	for _, tool := range []string{"bash", "curl", "sed"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Fatalf("%s is not installed: install it to run the install script test", tool)
-		}
-	}
 	realCurl, _ := exec.LookPath("curl")
-	boxDir := t.TempDir()
-	bin := filepath.Join(boxDir, runtime.GOOS+"-"+runtime.GOARCH, "dojo-box")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/dojo-box")
-	build.Dir = repoRoot(t)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/dojo-box: %v\n%s", err, out)
-	}
+	boxDir := buildBox(t)
 	f, _ := installHub(t, boxDir, "")
 	front := newRecorder(t, f.url)
 	port := freePort(t)
@@ -158,23 +144,7 @@ func TestKizunaInstallLinuxQuiet(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(stubs, "curl"), []byte(stub), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(stubs, "systemctl"), []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	home := t.TempDir()
-	boxHome := filepath.Join(home, ".dojo-box")
-	t.Cleanup(func() {
-		b, err := os.ReadFile(filepath.Join(boxHome, "dojo-box.pid"))
-		if err != nil {
-			return
-		}
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 1 {
-			_ = syscall.Kill(pid, syscall.SIGTERM)
-			for i := 0; i < 50 && syscall.Kill(pid, 0) == nil; i++ {
-				time.Sleep(100 * time.Millisecond)
-			}
-		}
-	})
+	home, boxHome := scriptHome(t, stubs)
 
 	out, err := runScript(t, script, home, stubs)
 	if err != nil || !strings.Contains(out, "health:      ok") {

@@ -420,10 +420,11 @@ func runScript(t *testing.T, script []byte, home, stubs string) (string, error) 
 	return string(out), err
 }
 
-// TestKizunaInstallLinux runs linux.sh end to end against a real hub with
-// the real letterbox: enroll, download, background start, health; a rerun
-// resumes; a spent token writes nothing.
-func TestKizunaInstallLinux(t *testing.T) {
+// buildBox builds the real cmd/dojo-box for this platform into a temporary
+// DOJO_BOX_DIR layout and returns that directory. It first makes sure the
+// tools the scripts use are here.
+func buildBox(t *testing.T) string {
+	t.Helper()
 	for _, tool := range []string{"bash", "curl", "sed"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s is not installed: install it to run the install script test", tool)
@@ -436,33 +437,20 @@ func TestKizunaInstallLinux(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build ./cmd/dojo-box: %v\n%s", err, out)
 	}
-	f, _ := installHub(t, boxDir, "")
-	port := freePort(t)
-	token := mint(t, f, map[string]any{"name": "Install Box", "capabilities": "receives letters",
-		"webhook_url": "http://127.0.0.1:" + strconv.Itoa(port) + "/kizuna/deliver"})
-	st, _, script := fetch(t, http.MethodGet, f.url+"/install/linux.sh?token="+token)
-	if st != http.StatusOK {
-		t.Fatalf("linux.sh: %d %s", st, script)
-	}
-	// No systemd here; a failing systemctl first on PATH makes sure of it.
-	stubs := t.TempDir()
+	return boxDir
+}
+
+// scriptHome prepares a run of an install script: a failing systemctl in
+// stubs (no systemd here, for certain), a temporary HOME, and a cleanup
+// that stops the background box the script starts. It returns HOME and
+// the box's home in it.
+func scriptHome(t *testing.T, stubs string) (home, boxHome string) {
+	t.Helper()
 	if err := os.WriteFile(filepath.Join(stubs, "systemctl"), []byte("#!/bin/sh\nexit 1\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	home := t.TempDir()
-	boxHome := filepath.Join(home, ".dojo-box")
-	pidOf := func() int {
-		t.Helper()
-		b, err := os.ReadFile(filepath.Join(boxHome, "dojo-box.pid"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pid
-	}
+	home = t.TempDir()
+	boxHome = filepath.Join(home, ".dojo-box")
 	t.Cleanup(func() {
 		b, err := os.ReadFile(filepath.Join(boxHome, "dojo-box.pid"))
 		if err != nil {
@@ -475,6 +463,36 @@ func TestKizunaInstallLinux(t *testing.T) {
 			}
 		}
 	})
+	return home, boxHome
+}
+
+// TestKizunaInstallLinux runs linux.sh end to end against a real hub with
+// the real letterbox: enroll, download, background start, health; a rerun
+// resumes; a spent token writes nothing.
+func TestKizunaInstallLinux(t *testing.T) {
+	boxDir := buildBox(t)
+	f, _ := installHub(t, boxDir, "")
+	port := freePort(t)
+	token := mint(t, f, map[string]any{"name": "Install Box", "capabilities": "receives letters",
+		"webhook_url": "http://127.0.0.1:" + strconv.Itoa(port) + "/kizuna/deliver"})
+	st, _, script := fetch(t, http.MethodGet, f.url+"/install/linux.sh?token="+token)
+	if st != http.StatusOK {
+		t.Fatalf("linux.sh: %d %s", st, script)
+	}
+	stubs := t.TempDir()
+	home, boxHome := scriptHome(t, stubs)
+	pidOf := func() int {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(boxHome, "dojo-box.pid"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pid
+	}
 
 	out, err := runScript(t, script, home, stubs)
 	if err != nil {

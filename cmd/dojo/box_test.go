@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,25 +25,6 @@ import (
 // boxScale makes the delivery ladder's gaps 180 ms, 600 ms, 1.8 s, 3.6 s
 // and 7.2 s: all six attempts fit in about 14 s.
 const boxScale = "0.001"
-
-// lockedBuffer collects a process's output; exec writes it from its own
-// goroutine while a failing test may read it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // serveAt starts `dojo serve` on addr, so that a restart can come back
 // on the address the boxes' hub_url names.
@@ -116,7 +96,7 @@ type boxProc struct {
 	cmd  *exec.Cmd
 	home string
 	addr string
-	out  *lockedBuffer
+	out  *kungfutest.Buffer
 	done chan struct{}
 	err  error // valid once done is closed
 }
@@ -130,7 +110,7 @@ func startBox(t *testing.T, home, addr string, env map[string]string) *boxProc {
 		e[k] = v
 	}
 	cmd := command(t, e, "box", "run", "--home", home)
-	b := &boxProc{cmd: cmd, home: home, addr: addr, out: &lockedBuffer{}, done: make(chan struct{})}
+	b := &boxProc{cmd: cmd, home: home, addr: addr, out: &kungfutest.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = b.out, b.out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
