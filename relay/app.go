@@ -194,10 +194,10 @@ func Open(ctx context.Context, o Options) (*App, error) {
 	case o.RedisMinIdle > 0:
 		ropt.MinIdleConns = o.RedisMinIdle
 	case !strings.Contains(o.RedisURL, "min_idle_conns"):
-		// Every request runs the rate-limit script before it takes a
-		// PostgreSQL connection: keep as many Redis connections warm as
-		// PostgreSQL ones, so a burst finds both open.
-		ropt.MinIdleConns = int(pcfg.MinConns)
+		// Rate-limit checks travel one pipeline at a time per process
+		// (limit.go); the join guard, the hub and the queue take a few
+		// more. Keeping that many warm spares a burst the dials.
+		ropt.MinIdleConns = 4
 	}
 	ropt.MinIdleConns = min(ropt.MinIdleConns, ropt.PoolSize)
 	rdb := redis.NewClient(ropt)

@@ -104,6 +104,9 @@ type verdict struct {
 	// spend spends a signed call's nonce once the SDK has accepted the
 	// request.
 	spend func(context.Context) error
+	// pre finishes the call from the read authenticateFor sent with the
+	// key lookup; nil when none was sent.
+	pre tool.Handler
 }
 
 type verdictKey struct{}

@@ -2,14 +2,14 @@ package relay
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
+	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -81,62 +81,204 @@ func ParseLimits(s string) (map[string]Rule, error) {
 }
 
 // Limiter keeps sliding windows in Redis, so every dojo process shares them.
+//
+// Checks from concurrent requests travel together: while one pipeline of
+// checks is on its way to Redis, the next ones queue, and go as the next
+// pipeline. Each check is still its own script run against Redis's one
+// count, so limits stay exact across processes; what the queue saves is a
+// round trip (two system calls on each side) per request.
 type Limiter struct {
 	Redis  redis.UniversalClient
 	Prefix string
 	Rules  map[string]Rule
+
+	mu      sync.Mutex
+	queue   []*Check
+	sending bool
 }
 
-// The window is a sorted set of hit timestamps. Redis's own clock decides,
-// so processes with skewed clocks still agree.
+// The window is a list of hit times, newest first, in microseconds of
+// Redis's own clock, so processes with skewed clocks still agree. Hits that
+// left the window are dropped from the tail, each once, so a check costs the
+// same however many hits the window holds. Should Redis's clock step back,
+// a hit stays counted a little longer than its window: stricter, never
+// looser.
+//
+// One run judges a whole batch, key by key in order, as if each check had
+// come alone at the same instant: the script's fixed cost is paid once per
+// batch. KEYS are the windows; ARGV holds each one's length in
+// microseconds and its limit. It answers one wait per key, 0 for allowed.
+// Every key of a batch is named, so a Redis Cluster would need a batch per
+// slot; Dojo talks to one Redis node.
 var slidingWindow = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local window = tonumber(ARGV[1])
-local limit = tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
-if redis.call('ZCARD', KEYS[1]) < limit then
-  redis.call('ZADD', KEYS[1], now, now .. '-' .. ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], math.ceil(window / 1000))
-  return 0
+local stamp = t[1] .. string.format('%06d', tonumber(t[2]))
+local out = {}
+for i, key in ipairs(KEYS) do
+  local window = tonumber(ARGV[2 * i - 1])
+  local limit = tonumber(ARGV[2 * i])
+  local oldest = redis.call('LINDEX', key, -1)
+  while oldest and tonumber(oldest) <= now - window do
+    redis.call('RPOP', key)
+    oldest = redis.call('LINDEX', key, -1)
+  end
+  if redis.call('LLEN', key) < limit then
+    redis.call('LPUSH', key, stamp)
+    redis.call('PEXPIRE', key, math.ceil(window / 1000))
+    out[i] = 0
+  else
+    out[i] = tonumber(oldest) + window - now
+  end
 end
-local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return tonumber(oldest[2]) + window - now
+return out
 `)
+
+// maxScriptBatch bounds one script run: Redis serves nobody else meanwhile.
+const maxScriptBatch = 128
+
+// Check is one hit of an action on its way to Redis.
+type Check struct {
+	ctx    context.Context
+	action string
+	key    string
+	rule   Rule
+	done   chan struct{}
+	wait   time.Duration
+	err    error
+	// refused, when set, runs as soon as the hit is refused or fails.
+	refused func()
+}
 
 // Allow charges one hit of action to subject. It returns 0 when allowed,
 // otherwise how long until the oldest hit leaves the window.
 func (l *Limiter) Allow(ctx context.Context, action, subject string) (time.Duration, error) {
+	return l.Start(ctx, action, subject, nil).Wait()
+}
+
+// Start sends one hit of action for subject on its way and returns at
+// once; Wait gives the verdict. refused, if not nil, runs as soon as the
+// hit is refused or cannot be judged, so work begun beside it can stop.
+func (l *Limiter) Start(ctx context.Context, action, subject string, refused func()) *Check {
+	c := &Check{ctx: ctx, action: action, done: make(chan struct{}), refused: refused}
 	rule, ok := l.Rules[action]
-	if !ok || l.Redis == nil {
-		return 0, nil
+	switch {
+	case !ok || l.Redis == nil:
+		close(c.done)
+		return c
+	case rule.Limit == 0:
+		c.finish(rule.Window, nil)
+		return c
 	}
-	if rule.Limit == 0 {
-		return rule.Window, nil
+	c.key, c.rule = l.Prefix+"rlq:"+action+":"+subject, rule
+	l.mu.Lock()
+	l.queue = append(l.queue, c)
+	start := !l.sending
+	l.sending = true
+	l.mu.Unlock()
+	if start {
+		go l.send()
 	}
-	key := l.Prefix + "rl:" + action + ":" + subject
-	wait, err := slidingWindow.Run(ctx, l.Redis, []string{key},
-		rule.Window.Microseconds(), rule.Limit, hitID()).Int64()
-	if err != nil {
-		return 0, fmt.Errorf("rate limit %s: %w: %w", action, errRedis, err)
-	}
-	return time.Duration(wait) * time.Microsecond, nil
+	return c
 }
 
-// hitID tells apart two hits stamped in the same microsecond: a random
-// name for this process and a counter, so no call pays for randomness.
-func hitID() string {
-	return process + strconv.FormatUint(hits.Add(1), 36)
+// Wait returns the verdict: 0 when allowed, otherwise the wait until the
+// oldest hit leaves the window.
+func (c *Check) Wait() (time.Duration, error) {
+	select {
+	case <-c.done:
+		return c.wait, c.err
+	case <-c.ctx.Done():
+		return 0, fmt.Errorf("rate limit %s: %w: %w", c.action, errRedis, c.ctx.Err())
+	}
 }
 
-var (
-	process = func() string {
-		var b [6]byte
-		_, _ = rand.Read(b[:])
-		return hex.EncodeToString(b[:]) + "."
-	}()
-	hits atomic.Uint64
-)
+func (c *Check) finish(wait time.Duration, err error) {
+	c.wait, c.err = wait, err
+	if (err != nil || wait > 0) && c.refused != nil {
+		c.refused()
+	}
+	close(c.done)
+}
+
+// send empties the queue one pipeline at a time, and ends when it is empty.
+func (l *Limiter) send() {
+	for {
+		// Let the requests that are ready to run start their checks first:
+		// under load the batch grows, and Redis wakes once for many. Idle,
+		// this returns at once.
+		runtime.Gosched()
+		l.mu.Lock()
+		batch := l.queue
+		l.queue = nil
+		if len(batch) == 0 {
+			l.sending = false
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+		l.run(batch)
+	}
+}
+
+// run judges one batch of checks: a script run per maxScriptBatch checks,
+// all in one pipeline. A check whose caller has gone is not sent, so it
+// charges nothing. Runs answered NOSCRIPT (Redis restarted or flushed) had
+// no effect; they go again once the script is loaded.
+func (l *Limiter) run(batch []*Check) {
+	ctx := context.Background()
+	live := batch[:0]
+	for _, c := range batch {
+		if c.ctx.Err() != nil {
+			c.finish(0, fmt.Errorf("rate limit %s: %w: %w", c.action, errRedis, c.ctx.Err()))
+			continue
+		}
+		live = append(live, c)
+	}
+	fail := func(cs []*Check, err error) {
+		for _, c := range cs {
+			c.finish(0, fmt.Errorf("rate limit %s: %w: %w", c.action, errRedis, err))
+		}
+	}
+	for try := 0; len(live) > 0; try++ {
+		pipe := l.Redis.Pipeline()
+		chunks := slices.Collect(slices.Chunk(live, maxScriptBatch))
+		runs := make([]*redis.Cmd, len(chunks))
+		for n, chunk := range chunks {
+			keys := make([]string, len(chunk))
+			args := make([]any, 0, 2*len(chunk))
+			for i, c := range chunk {
+				keys[i] = c.key
+				args = append(args, c.rule.Window.Microseconds(), c.rule.Limit)
+			}
+			runs[n] = slidingWindow.EvalSha(ctx, pipe, keys, args...)
+		}
+		_, _ = pipe.Exec(ctx) // each run carries its own error
+		var again []*Check
+		for i, chunk := range chunks {
+			waits, err := runs[i].Int64Slice()
+			switch {
+			case err != nil && try == 0 && redis.HasErrorPrefix(err, "NOSCRIPT"):
+				again = append(again, chunk...)
+			case err != nil:
+				fail(chunk, err)
+			case len(waits) != len(chunk):
+				fail(chunk, fmt.Errorf("script answered %d verdicts for %d checks", len(waits), len(chunk)))
+			default:
+				for j, c := range chunk {
+					c.finish(time.Duration(waits[j])*time.Microsecond, nil)
+				}
+			}
+		}
+		if len(again) > 0 {
+			if err := slidingWindow.Load(ctx, l.Redis).Err(); err != nil {
+				fail(again, err)
+				return
+			}
+		}
+		live = again
+	}
+}
 
 // errRedis marks a limit that could not be read because Redis failed. The
 // request cannot be judged, which is neither the caller's fault nor a bug:

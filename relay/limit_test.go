@@ -1,10 +1,16 @@
 package relay_test
 
 import (
+	"context"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/dojo-relay/dojo/kungfu/kungfutest"
 	"github.com/dojo-relay/dojo/relay"
 )
 
@@ -64,5 +70,131 @@ func TestParseLimits(t *testing.T) {
 		if _, err := relay.ParseLimits(bad); err == nil {
 			t.Errorf("ParseLimits(%q) accepted", bad)
 		}
+	}
+}
+
+// newLimiter is a Limiter of t's own on the shared Redis.
+func newLimiter(t *testing.T, prefix string, rules map[string]relay.Rule) *relay.Limiter {
+	t.Helper()
+	opt, err := redis.ParseURL(kungfutest.RedisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { _ = c.Close() })
+	return &relay.Limiter{Redis: c, Prefix: prefix, Rules: rules}
+}
+
+// TestLimiterExactUnderConcurrency: checks from many requests travel in
+// shared pipelines and scripts, from two processes at once, and still
+// exactly Limit hits are allowed; every refusal says how long to wait.
+func TestLimiterExactUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	prefix := kungfutest.RedisPrefix(t)
+	rules := map[string]relay.Rule{"get": {Limit: 50, Window: time.Minute}, "list": {Limit: 7, Window: time.Minute}}
+	a, b := newLimiter(t, prefix, rules), newLimiter(t, prefix, rules)
+	var allowed, refused, others atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 400 {
+		l := a
+		if i%2 == 1 {
+			l = b
+		}
+		wg.Go(func() {
+			// A second subject and a second action share the batches
+			// and keep counts of their own.
+			if i%4 == 0 {
+				if wait, err := l.Allow(t.Context(), "list", "a2"); err != nil {
+					t.Error(err)
+				} else if wait == 0 {
+					others.Add(1)
+				}
+				return
+			}
+			wait, err := l.Allow(t.Context(), "get", "a1")
+			switch {
+			case err != nil:
+				t.Error(err)
+			case wait == 0:
+				allowed.Add(1)
+			case wait > time.Minute:
+				t.Errorf("wait %s is longer than the window", wait)
+			default:
+				refused.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if allowed.Load() != 50 || refused.Load() != 250 || others.Load() != 7 {
+		t.Fatalf("allowed %d, refused %d, other subject allowed %d; want 50, 250, 7", allowed.Load(), refused.Load(), others.Load())
+	}
+}
+
+// TestLimiterWindowSlides: a refused hit is not counted, and a hit is
+// allowed again as soon as the oldest one leaves the window.
+func TestLimiterWindowSlides(t *testing.T) {
+	t.Parallel()
+	l := newLimiter(t, kungfutest.RedisPrefix(t), map[string]relay.Rule{"get": {Limit: 2, Window: 700 * time.Millisecond}, "none": {Limit: 0, Window: time.Hour}})
+	ctx := t.Context()
+	for i := range 2 {
+		if wait, err := l.Allow(ctx, "get", "s"); wait != 0 || err != nil {
+			t.Fatalf("hit %d: %s %v", i, wait, err)
+		}
+	}
+	wait, err := l.Allow(ctx, "get", "s")
+	if err != nil || wait <= 0 || wait > 700*time.Millisecond {
+		t.Fatalf("third hit: %s %v", wait, err)
+	}
+	time.Sleep(wait + 20*time.Millisecond)
+	if wait, err := l.Allow(ctx, "get", "s"); wait != 0 || err != nil {
+		t.Fatalf("after the oldest left: %s %v", wait, err)
+	}
+	// An action without a rule is never limited; a limit of 0 always is,
+	// without asking Redis.
+	if wait, err := l.Allow(ctx, "unknown", "s"); wait != 0 || err != nil {
+		t.Fatalf("no rule: %s %v", wait, err)
+	}
+	if wait, err := l.Allow(ctx, "none", "s"); wait != time.Hour || err != nil {
+		t.Fatalf("limit 0: %s %v", wait, err)
+	}
+}
+
+// TestLimiterCallerGone: a check whose caller has gone charges nothing.
+func TestLimiterCallerGone(t *testing.T) {
+	t.Parallel()
+	l := newLimiter(t, kungfutest.RedisPrefix(t), map[string]relay.Rule{"get": {Limit: 1, Window: time.Minute}})
+	gone, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := l.Allow(gone, "get", "s"); err == nil {
+		t.Fatal("a cancelled check was judged")
+	}
+	if wait, err := l.Allow(t.Context(), "get", "s"); wait != 0 || err != nil {
+		t.Fatalf("the cancelled check was charged: %s %v", wait, err)
+	}
+}
+
+// TestLimiterScriptFlushed: a Redis that lost its scripts (restarted,
+// SCRIPT FLUSH) answers NOSCRIPT; the batch goes again once, and counts
+// once. The Redis is the test's own, so no other test sees the flush.
+func TestLimiterScriptFlushed(t *testing.T) {
+	t.Parallel()
+	url, _ := privateRedis(t)
+	opt, _ := redis.ParseURL(url)
+	c := redis.NewClient(opt)
+	defer c.Close()
+	l := &relay.Limiter{Redis: c, Prefix: "t:", Rules: map[string]relay.Rule{"get": {Limit: 3, Window: time.Minute}}}
+	ctx := t.Context()
+	for i := range 3 {
+		if i > 0 {
+			if err := c.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if wait, err := l.Allow(ctx, "get", "s"); wait != 0 || err != nil {
+			t.Fatalf("hit %d after a flush: %s %v", i, wait, err)
+		}
+	}
+	if wait, _ := l.Allow(ctx, "get", "s"); wait == 0 {
+		t.Fatal("a hit counted twice or not at all: the fourth was allowed")
 	}
 }

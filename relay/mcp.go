@@ -9,6 +9,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/dojo-relay/dojo/kungfu"
+	"github.com/dojo-relay/dojo/kungfu/tool"
 )
 
 // Protocol versions Dojo speaks on /mcp. 2026-07-28 has no initialize; the
@@ -65,7 +66,7 @@ func (s *Server) mcpHandler() http.Handler {
 						// than the Bearer one ctx carries.
 						ctx = kungfu.WithCaller(ctx, v.who)
 					}
-					env = s.call(ctx, v.who, name, v.args)
+					env = s.callWith(ctx, v.who, name, v.args, v.pre)
 				}
 				return &mcp.CallToolResult{
 					IsError:           !env.ok,
@@ -97,8 +98,7 @@ func (s *Server) mcpHandler() http.Handler {
 			writeEnvelope(w, refusal(bodyErr))
 			return
 		}
-		who, authErr := s.authenticate(r)
-		ctx, env := s.admitMCP(r, who, authErr, body)
+		ctx, env := s.admitMCP(r, body)
 		if env != nil {
 			writeEnvelope(w, *env)
 			return
@@ -130,9 +130,29 @@ func needKey() *kungfu.Error {
 // (or a bad Bearer key) for a tool that needs one is refused here, at the
 // HTTP level, as before; a refused signature is the tool's result
 // (isError, HTTP 200), which KarmaDue clients expect.
-func (s *Server) admitMCP(r *http.Request, who kungfu.Caller, authErr error, body []byte) (context.Context, *envelope) {
-	ctx := kungfu.WithCaller(r.Context(), who)
+func (s *Server) admitMCP(r *http.Request, body []byte) (context.Context, *envelope) {
 	calls, batch, ok := readCalls(body)
+	lone := ok && !batch && len(calls) == 1
+	var (
+		signed, names bool
+		t             *tool.Tool
+		known         bool
+		who           kungfu.Caller
+		pre           tool.Handler
+		authErr       error
+	)
+	if lone {
+		signed, names = s.inspect(r.Header, calls[0].args)
+		t, known = s.tools.Lookup(calls[0].name)
+	}
+	if lone && known && !signed && !names {
+		// Runs as the key's account with these very arguments: its first
+		// read may travel with the key lookup.
+		who, pre, authErr = s.authenticateFor(r, t, calls[0].args)
+	} else {
+		who, authErr = s.authenticate(r)
+	}
+	ctx := kungfu.WithCaller(r.Context(), who)
 	if !ok {
 		return ctx, nil
 	}
@@ -153,9 +173,7 @@ func (s *Server) admitMCP(r *http.Request, who kungfu.Caller, authErr error, bod
 		return ctx, nil
 	}
 	c := calls[0]
-	signed, names := s.inspect(r.Header, c.args)
-	t, ok := s.tools.Lookup(c.name)
-	if !ok {
+	if !known {
 		// The SDK names the unknown tool; only a caller who sent no
 		// credential at all is told to get one first.
 		if (authErr != nil || who.Anonymous()) && !signed {
@@ -181,7 +199,7 @@ func (s *Server) admitMCP(r *http.Request, who kungfu.Caller, authErr error, bod
 		env := refusal(needKey())
 		return ctx, &env
 	default:
-		v.who, v.args, v.spend = caller, args, spend
+		v.who, v.args, v.spend, v.pre = caller, args, spend, pre
 	}
 	return withVerdict(ctx, v), nil
 }

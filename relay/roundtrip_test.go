@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
@@ -21,26 +22,52 @@ import (
 	"github.com/dojo-relay/dojo/relay"
 )
 
-// statements records every statement a pool sends. With pgx's statement
-// cache a statement is one round trip once its connection has prepared it.
+// statements records every statement a pool sends, and the round trip
+// each went in. With pgx's statement cache a statement, or a batch of them,
+// is one round trip once its connection has prepared it.
 type statements struct {
-	mu   sync.Mutex
-	seen []traced
+	mu    sync.Mutex
+	seen  []traced
+	trips int
 }
 
 type traced struct {
 	sql  string
 	args []any
+	trip int
 }
 
 func (s *statements) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.seen = append(s.seen, traced{d.SQL, d.Args})
+	s.trips++
+	s.seen = append(s.seen, traced{d.SQL, d.Args, s.trips})
 	return ctx
 }
 
 func (s *statements) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (s *statements) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.trips++
+	for _, q := range d.Batch.QueuedQueries {
+		s.seen = append(s.seen, traced{q.SQL, q.Arguments, s.trips})
+	}
+	return ctx
+}
+
+func (s *statements) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (s *statements) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// trips counts the round trips that carried got.
+func trips(got []traced) int {
+	n := map[int]bool{}
+	for _, s := range got {
+		n[s.trip] = true
+	}
+	return len(n)
+}
 
 func (s *statements) take() []traced {
 	s.mu.Lock()
@@ -90,9 +117,9 @@ func mirror(t *testing.T, dsn string, params map[string]string) (string, *statem
 }
 
 // TestMemoryGetRoundTrips pins the PostgreSQL round trips of one memory_get
-// on a warm server, through both doors: the key lookup, then the memory
-// with its revision in one statement. It was three (the head and the
-// revision were read apart).
+// on a warm server, through both doors: one, carrying the key lookup and
+// the memory with its revision. It was three (the head and the revision
+// were read apart), then two (the key lookup went first).
 func TestMemoryGetRoundTrips(t *testing.T) {
 	t.Parallel()
 	d := start(t)
@@ -121,8 +148,8 @@ func TestMemoryGetRoundTrips(t *testing.T) {
 		if r := send(); !r.ok() {
 			t.Fatalf("%s memory_get: %d %s", name, r.Status, r.Raw)
 		}
-		if got := tr.take(); len(got) != 2 {
-			t.Errorf("%s memory_get sent %d statements, want 2 (key lookup, memory):", name, len(got))
+		if got := tr.take(); len(got) != 2 || trips(got) != 1 {
+			t.Errorf("%s memory_get sent %d statements in %d round trips, want 2 (key lookup, memory) in 1:", name, len(got), trips(got))
 			for _, s := range got {
 				t.Logf("  %s", s.sql)
 			}
@@ -259,5 +286,68 @@ func TestLimitedReadAnswersLimited(t *testing.T) {
 	// A write waits for its own verdict: push is not get's window.
 	if r := d.call(t, key, "memory_put", putArgs()); !r.ok() {
 		t.Fatalf("memory_put: %s", r.Raw)
+	}
+}
+
+// TestPrefetchJudgesAfterTheKey: memory_get's read travels with the key
+// lookup, yet through both doors nothing of it reaches a caller whose key
+// fails, another account's private memory stays private, and reads that
+// cannot be prefetched (an assignment, a malformed code) answer as before.
+func TestPrefetchJudgesAfterTheKey(t *testing.T) {
+	t.Parallel()
+	d := start(t)
+	alice, _ := d.register(t)
+	bob, _ := d.register(t)
+	code := d.must(t, alice, "memory_put", putArgs()).str("code")
+	d.must(t, alice, "memory_share", map[string]any{"code": code})
+	private := d.must(t, alice, "memory_put", putArgs()).str("code")
+	// A well-formed key of no account: its last hex digit changed.
+	stranger := alice[:len(alice)-1] + map[bool]string{true: "1", false: "0"}[alice[len(alice)-1] == '0']
+
+	type answer struct {
+		status int
+		code   string
+		raw    string
+	}
+	doors := map[string]func(key, args string) answer{
+		"api": func(key, args string) answer {
+			r := post(t, d.URL+"/api/v1/memory_get", key, []byte(args))
+			return answer{r.Status, r.code(), r.Raw}
+		},
+		"mcp": func(key, args string) answer {
+			r := post(t, d.URL+"/mcp", key, mcpCall("memory_get", args), mcpAccept...)
+			var rpc struct {
+				Result struct {
+					IsError    bool `json:"isError"`
+					Structured struct {
+						Error struct {
+							Code string `json:"code"`
+						} `json:"error"`
+					} `json:"structuredContent"`
+				} `json:"result"`
+			}
+			if err := json.Unmarshal([]byte(r.Raw), &rpc); err != nil || r.Status != 200 {
+				return answer{r.Status, r.code(), r.Raw}
+			}
+			return answer{r.Status, rpc.Result.Structured.Error.Code, r.Raw}
+		},
+	}
+	for door, get := range doors {
+		arg := func(c string) string { return `{"code":"` + c + `"}` }
+		if a := get(stranger, arg(code)); a.status != 401 || a.code != "UNAUTHORIZED" || strings.Contains(a.raw, "Field notes") {
+			t.Errorf("%s: unknown key: %d %s %s", door, a.status, a.code, a.raw)
+		}
+		if a := get(bob, arg(private)); a.code != "PRIVATE_KUNGFU" || strings.Contains(a.raw, "Field notes") {
+			t.Errorf("%s: another's private memory: %d %s %s", door, a.status, a.code, a.raw)
+		}
+		if a := get(bob, arg(code)); a.code != "" || !strings.Contains(a.raw, code) {
+			t.Errorf("%s: a public memory: %d %s %s", door, a.status, a.code, a.raw)
+		}
+		if a := get(bob, `{"code":"`+code+`","assign":999999}`); a.code == "" || strings.Contains(a.raw, "Field notes") {
+			t.Errorf("%s: an assignment that does not exist: %d %s %s", door, a.status, a.code, a.raw)
+		}
+		if a := get(bob, arg("not-a-code")); a.code != "INVALID_CODE" {
+			t.Errorf("%s: a malformed code: %d %s %s", door, a.status, a.code, a.raw)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gorilla/mux"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -118,6 +120,12 @@ func (s *Server) Handler() http.Handler {
 // still given before any result, so a refused call answers as it always
 // did, and a tool that writes starts only once the verdict allows it.
 func (s *Server) call(ctx context.Context, who kungfu.Caller, name string, args json.RawMessage) envelope {
+	return s.callWith(ctx, who, name, args, nil)
+}
+
+// callWith is call with the handler authenticateFor left when it sent the
+// tool's first read (nil when it did not); args then passed the schema.
+func (s *Server) callWith(ctx context.Context, who kungfu.Caller, name string, args json.RawMessage, pre tool.Handler) envelope {
 	t, ok := s.tools.Lookup(name)
 	if !ok {
 		return refusal(kungfu.Errorf(kungfu.CodeUnknownTool, "no tool named %q", name))
@@ -129,14 +137,17 @@ func (s *Server) call(ctx context.Context, who kungfu.Caller, name string, args 
 		return refusal(kungfu.Errorf(kungfu.CodeUnauthorized, "missing or invalid Agent key"))
 	}
 	verdict := s.limit(ctx, t, who)
-	verr := t.Validate(args)
+	handler, verr := pre, error(nil)
+	if pre == nil {
+		handler, verr = t.Handler, t.Validate(args)
+	}
 	var (
 		result any
 		err    error
 		ran    bool
 	)
 	if verr == nil && t.ReadOnly && verdict != nil {
-		result, err = t.Handler(verdict.read, who, args)
+		result, err = handler(verdict.read, who, args)
 		ran = true
 	}
 	if env := verdict.wait(); env != nil {
@@ -146,7 +157,7 @@ func (s *Server) call(ctx context.Context, who kungfu.Caller, name string, args 
 		return s.fail(ctx, name, verr)
 	}
 	if !ran {
-		result, err = t.Handler(ctx, who, args)
+		result, err = handler(ctx, who, args)
 	}
 	if err != nil {
 		return s.fail(ctx, name, err)
@@ -171,15 +182,10 @@ func (s *Server) limit(ctx context.Context, t *tool.Tool, who kungfu.Caller) *pe
 	if t.LimitByIP {
 		subject = "ip" + who.IP
 	}
-	p := &pending{s: s, ctx: ctx, name: t.Name, done: make(chan struct{})}
+	p := &pending{s: s, ctx: ctx, name: t.Name}
 	p.read, p.stop = context.WithCancel(ctx)
-	go func() {
-		defer close(p.done)
-		p.delay, p.err = s.limiter.Allow(ctx, t.Limit, subject)
-		if p.err != nil || p.delay > 0 {
-			p.stop() // a read under way is wasted: end it
-		}
-	}()
+	// A read under way is wasted once the call is refused: end it.
+	p.check = s.limiter.Start(ctx, t.Limit, subject, p.stop)
 	return p
 }
 
@@ -188,9 +194,7 @@ type pending struct {
 	s     *Server
 	ctx   context.Context
 	name  string
-	done  chan struct{}
-	delay time.Duration
-	err   error
+	check *Check
 	// read is the context of a read run before the verdict; stop ends it.
 	read context.Context
 	stop context.CancelFunc
@@ -201,14 +205,14 @@ func (p *pending) wait() *envelope {
 	if p == nil {
 		return nil
 	}
-	<-p.done
+	delay, err := p.check.Wait()
 	p.stop()
 	var env envelope
 	switch {
-	case p.err != nil:
-		env = p.s.unavailable(p.ctx, p.name, p.err)
-	case p.delay > 0:
-		env = rateLimited(p.delay)
+	case err != nil:
+		env = p.s.unavailable(p.ctx, p.name, err)
+	case delay > 0:
+		env = rateLimited(delay)
 	default:
 		return nil
 	}
@@ -239,21 +243,42 @@ func (s *Server) internal(ctx context.Context, name string, err error) envelope 
 // authenticate resolves the Authorization header. No header is anonymous;
 // a header that does not verify is reported so protected calls get 401.
 func (s *Server) authenticate(r *http.Request) (kungfu.Caller, error) {
-	who := kungfu.Caller{IP: s.clientIP(r)}
+	who, _, err := s.authenticateFor(r, nil, nil)
+	return who, err
+}
+
+// authenticateFor is authenticate for a call of t with args. When t can
+// prefetch, the args pass its schema and a key is given, the tool's first
+// read goes to PostgreSQL in the same round trip as the key lookup, and pre
+// is the handler that finishes the call from it; otherwise pre is nil.
+// The read is judged only once the caller is known, and dropped when the
+// key is refused.
+func (s *Server) authenticateFor(r *http.Request, t *tool.Tool, args json.RawMessage) (who kungfu.Caller, pre tool.Handler, err error) {
+	who = kungfu.Caller{IP: s.clientIP(r)}
 	h := r.Header.Get("Authorization")
 	if h == "" {
-		return who, nil
+		return who, nil, nil
 	}
 	scheme, token, ok := strings.Cut(strings.TrimSpace(h), " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return who, kungfu.Errorf(kungfu.CodeUnauthorized, "use Authorization: Bearer <Agent key>")
+		return who, nil, kungfu.Errorf(kungfu.CodeUnauthorized, "use Authorization: Bearer <Agent key>")
 	}
-	c, err := s.accounts.Authenticate(r.Context(), strings.TrimSpace(token))
+	b := &pgx.Batch{}
+	finish := account.QueueAuthenticate(b, strings.TrimSpace(token))
+	if b.Len() > 0 && t != nil && t.Prefetch != nil && t.Validate(args) == nil {
+		pre = t.Prefetch(b, args)
+	}
+	if b.Len() > 0 {
+		if err := s.accounts.DB.SendBatch(r.Context(), b).Close(); err != nil {
+			return who, nil, fmt.Errorf("authenticate: %w", err)
+		}
+	}
+	c, err := finish()
 	if err != nil {
-		return who, err
+		return who, nil, err
 	}
 	c.IP = who.IP
-	return c, nil
+	return c, pre, nil
 }
 
 // clientIP is the socket peer, or the right-most X-Forwarded-For hop that

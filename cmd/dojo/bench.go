@@ -39,6 +39,8 @@ type benchConfig struct {
 	Warmup       time.Duration
 	Clients      int
 	Markdown     bool
+	// Only names the rows to measure (see benchRows); empty measures all.
+	Only map[string]bool
 	// Progress receives a line per phase; nil discards them.
 	Progress io.Writer
 }
@@ -56,8 +58,19 @@ func bench(ctx context.Context, w io.Writer, args []string) error {
 	fs.DurationVar(&c.Warmup, "warmup", time.Second, "unmeasured load before each workload")
 	fs.IntVar(&c.Clients, "c", 16, "concurrent clients (and PostgreSQL connections of the baseline)")
 	fs.BoolVar(&c.Markdown, "markdown", false, "print Markdown (the top section of docs/performance.md)")
+	only := fs.String("only", "", "measure only these rows, comma-separated: "+strings.Join(benchRows, ", ")+" (default all)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *only != "" {
+		c.Only = map[string]bool{}
+		for name := range strings.SplitSeq(*only, ",") {
+			name = strings.TrimSpace(name)
+			if !slices.Contains(benchRows, name) {
+				return fmt.Errorf("bench: --only: unknown row %q (want %s)", name, strings.Join(benchRows, ", "))
+			}
+			c.Only[name] = true
+		}
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("bench: unexpected argument %q", fs.Arg(0))
@@ -503,7 +516,16 @@ func (b *benchRun) submit(ctx context.Context, w int, i int64) error {
 	return verdict("work_submit", status, raw, `"state":"settled"`)
 }
 
+// benchRows are the names --only takes, one per row of the table.
+var benchRows = []string{"get", "mcp", "thread_post", "work_submit", "limits"}
+
+// wants says whether row is to be measured.
+func (c *benchConfig) wants(row string) bool {
+	return len(c.Only) == 0 || c.Only[row]
+}
+
 type workload struct {
+	row    string
 	name   string
 	op     func(ctx context.Context, w int, i int64) error
 	target float64 // minimum ratio to the baseline, or to the HTTP twin
@@ -527,13 +549,13 @@ func (b *benchRun) measureAll(ctx context.Context, rep *report) error {
 		return b.mcpCall(ctx, b.clients[w].key, b.mcpGet(b.clients[w], i))
 	}
 	works := []workload{
-		{"memory_get HTTP JSON", get(b.work), 0.5},
-		{"thread_post, own rooms", func(ctx context.Context, w int, i int64) error {
+		{"get", "memory_get HTTP JSON", get(b.work), 0.5},
+		{"thread_post", "thread_post, own rooms", func(ctx context.Context, w int, i int64) error {
 			a := b.clients[w]
 			_, err := b.call(ctx, b.work, a.key, "thread_post", fmt.Appendf(nil, `{"thread":"%s","content":"status update number %d","ask":[]}`, a.room, i))
 			return err
 		}, 0.15},
-		{"work_submit → settled, one task per client", b.submit, 0.08},
+		{"work_submit", "work_submit → settled, one task per client", b.submit, 0.08},
 	}
 	run := func(name string, op func(context.Context, int, int64) error, d time.Duration) (window, error) {
 		if b.c.Warmup > 0 {
@@ -555,6 +577,9 @@ func (b *benchRun) measureAll(ctx context.Context, rep *report) error {
 	}
 	rep.Baselines = append(rep.Baselines, first)
 	for _, wl := range works {
+		if !b.c.wants(wl.row) {
+			continue
+		}
 		w, err := run(wl.name, wl.op, b.c.Duration)
 		if err != nil {
 			return err
@@ -570,25 +595,13 @@ func (b *benchRun) measureAll(ctx context.Context, rep *report) error {
 	// MCP is judged against its HTTP twin, measured beside it in HTTP,
 	// MCP, MCP, HTTP order, half a window each, so drift cancels.
 	half := max(b.c.Duration/2, time.Millisecond)
-	var viaHTTP, viaMCP []window
-	for _, mcp := range []bool{false, true, true, false} {
-		name, op := "memory_get HTTP JSON (MCP's twin)", get(b.work)
-		if mcp {
-			name, op = "memory_get MCP tools/call", mcpGet
-		}
-		w, err := run(name, op, half)
-		if err != nil {
+	if b.c.wants("mcp") {
+		if err := b.measureMCP(rep, run, get(b.work), mcpGet, half); err != nil {
 			return err
 		}
-		if mcp {
-			viaMCP = append(viaMCP, w)
-		} else {
-			viaHTTP = append(viaHTTP, w)
-		}
 	}
-	twin := row{Name: "memory_get MCP tools/call", W: merge(viaMCP...), Twin: merge(viaHTTP...).rate(), Target: 0.85}
-	rep.Rows = append(rep.Rows[:1], append([]row{twin}, rep.Rows[1:]...)...)
-	if b.c.UnlimitedURL == "" {
+	rep.LimitsUnasked = !b.c.wants("limits")
+	if b.c.UnlimitedURL == "" || rep.LimitsUnasked {
 		return nil
 	}
 	var on, off []window
@@ -609,6 +622,37 @@ func (b *benchRun) measureAll(ctx context.Context, rep *report) error {
 	}
 	rep.On, rep.Off = merge(on...), merge(off...)
 	rep.Limits = true
+	return nil
+}
+
+type runFunc func(name string, op func(context.Context, int, int64) error, d time.Duration) (window, error)
+
+// measureMCP judges MCP against its HTTP twin, measured beside it in HTTP,
+// MCP, MCP, HTTP order, half a window each, so drift cancels. Its row
+// follows the HTTP row when there is one.
+func (b *benchRun) measureMCP(rep *report, run runFunc, viaJSON, viaRPC func(context.Context, int, int64) error, half time.Duration) error {
+	var viaHTTP, viaMCP []window
+	for _, mcp := range []bool{false, true, true, false} {
+		name, op := "memory_get HTTP JSON (MCP's twin)", viaJSON
+		if mcp {
+			name, op = "memory_get MCP tools/call", viaRPC
+		}
+		w, err := run(name, op, half)
+		if err != nil {
+			return err
+		}
+		if mcp {
+			viaMCP = append(viaMCP, w)
+		} else {
+			viaHTTP = append(viaHTTP, w)
+		}
+	}
+	twin := row{Name: "memory_get MCP tools/call", W: merge(viaMCP...), Twin: merge(viaHTTP...).rate(), Target: 0.85}
+	at := 0
+	if b.c.wants("get") {
+		at = 1
+	}
+	rep.Rows = slices.Insert(rep.Rows, at, twin)
 	return nil
 }
 
@@ -645,6 +689,8 @@ type report struct {
 	// LimitsOff says the workload rows ran on the limits-off Dojo.
 	LimitsOff bool
 	On, Off   window
+	// LimitsUnasked says --only left the limits row out.
+	LimitsUnasked bool
 }
 
 // LimitsCost is the change in memory_get throughput from turning the rate
@@ -689,7 +735,11 @@ func (r *report) table() [][]string {
 			[]string{"memory_get HTTP JSON, limits off" + c, fmt.Sprintf("%.0f", r.Off.rate()), ms(r.Off.P50), ms(r.Off.P99), "", "", ""},
 			[]string{"memory_get HTTP JSON, limits on" + c, fmt.Sprintf("%.0f", r.On.rate()), ms(r.On.P50), ms(r.On.P99), fmt.Sprintf("%+.1f %% vs off", 100*cost), "≥ -8 %", yes(cost >= -0.08)})
 	} else {
-		out = append(out, []string{"memory_get HTTP JSON, limits on vs off" + c, "", "", "", "skipped: no --unlimited-url", "≥ -8 %", ""})
+		why := "skipped: no --unlimited-url"
+		if r.LimitsUnasked {
+			why = "skipped: not in --only"
+		}
+		out = append(out, []string{"memory_get HTTP JSON, limits on vs off" + c, "", "", "", why, "≥ -8 %", ""})
 	}
 	return out
 }

@@ -82,6 +82,18 @@ func TestBenchSmoke(t *testing.T) {
 	if md := out.String(); !strings.Contains(md, "| workload | ops/s |") || !strings.Contains(md, "skipped: no --unlimited-url") {
 		t.Errorf("markdown:\n%s", md)
 	}
+	// --only measures the rows named, and refuses a name it does not know.
+	out.Reset()
+	if err := bench(ctx, &out, []string{"--url", on.base, "--unlimited-url", off.base, "--database-url", dsn, "--duration", "50ms", "--warmup", "0s", "-c", "2", "--only", "get"}); err != nil {
+		t.Fatalf("bench --only get: %v", err)
+	}
+	if text := out.String(); lineWith(text, "memory_get HTTP JSON, c=2") == "" || lineWith(text, "thread_post") != "" ||
+		lineWith(text, "MCP") != "" || !strings.Contains(text, "skipped: not in --only") {
+		t.Errorf("bench --only get:\n%s", text)
+	}
+	if err := bench(ctx, &out, []string{"--url", on.base, "--database-url", dsn, "--only", "get,nope"}); err == nil || !strings.Contains(err.Error(), `unknown row "nope"`) {
+		t.Errorf("bench --only nope: %v", err)
+	}
 	err = bench(ctx, &out, []string{"--url", off.base, "--database-url", kungfutest.DatabaseURL(t), "--duration", "50ms", "-c", "1"})
 	if err == nil || !strings.Contains(err.Error(), "is not in --database-url") {
 		t.Errorf("bench against another database: %v", err)

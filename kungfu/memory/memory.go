@@ -283,32 +283,60 @@ func insertRevision(ctx context.Context, tx pgx.Tx, id int64, rev int, d Draft, 
 // rules below need only the head, so reading both before judging saves a
 // round trip, and a refused caller is given nothing of what was read.
 func (s *Service) Get(ctx context.Context, who kungfu.Caller, code string, revision int) (Memory, error) {
+	b := &pgx.Batch{}
+	finish := QueueGet(b, code, revision)
+	if b.Len() > 0 {
+		// A batch of one is sent as a plain query: one round trip.
+		if err := s.DB.SendBatch(ctx, b).Close(); err != nil {
+			return Memory{}, fmt.Errorf("get memory: %w", err)
+		}
+	}
+	return finish(who)
+}
+
+// The revision is joined outer so that a memory without the wanted
+// revision is told apart from no memory at all.
+const getSQL = `SELECT m.id, m.account_id, a.name, m.revision, m.visibility, m.status, m.origin, m.created_at, m.updated_at,
+        r.memory_id IS NOT NULL, coalesce(r.revision, 0), coalesce(r.title, ''), coalesce(r.tags, '{}'),
+        coalesce(r.description, ''), coalesce(r.content, ''), coalesce(r.checksum, '')
+ FROM memories m JOIN accounts a ON a.id = m.account_id
+ LEFT JOIN memory_revisions r ON r.memory_id = m.id
+      AND r.revision = CASE WHEN $2::bigint > 0 THEN $2::bigint ELSE m.revision END
+ WHERE m.code = $1`
+
+// QueueGet adds Get's read to b, so a caller can send it in the round trip
+// that authenticates the reader (relay does), and returns what judges the
+// read once b has been sent and closed: Get's answer for who. A code that
+// cannot be one queues nothing; its refusal comes from finish.
+func QueueGet(b *pgx.Batch, code string, revision int) (finish func(who kungfu.Caller) (Memory, error)) {
 	code, err := NormalizeCode(code)
 	if err != nil {
-		return Memory{}, err
+		return func(kungfu.Caller) (Memory, error) { return Memory{}, err }
 	}
-	notFound := kungfu.Errorf(kungfu.CodeNotFound, "no memory %s", code)
 	var (
-		m     Memory
-		found bool
+		m           Memory
+		found, read bool
 	)
-	// The revision is joined outer so that a memory without the wanted
-	// revision is told apart from no memory at all.
-	err = s.DB.QueryRow(ctx,
-		`SELECT m.id, m.account_id, a.name, m.revision, m.visibility, m.status, m.origin, m.created_at, m.updated_at,
-		        r.memory_id IS NOT NULL, coalesce(r.revision, 0), coalesce(r.title, ''), coalesce(r.tags, '{}'),
-		        coalesce(r.description, ''), coalesce(r.content, ''), coalesce(r.checksum, '')
-		 FROM memories m JOIN accounts a ON a.id = m.account_id
-		 LEFT JOIN memory_revisions r ON r.memory_id = m.id
-		      AND r.revision = CASE WHEN $2::bigint > 0 THEN $2::bigint ELSE m.revision END
-		 WHERE m.code = $1`, code, int64(revision)).
-		Scan(&m.ID, &m.OwnerID, &m.Owner, &m.Current, &m.Visibility, &m.Status, &m.Origin, &m.CreatedAt, &m.UpdatedAt,
+	b.Queue(getSQL, code, int64(revision)).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&m.ID, &m.OwnerID, &m.Owner, &m.Current, &m.Visibility, &m.Status, &m.Origin, &m.CreatedAt, &m.UpdatedAt,
 			&found, &m.Revision, &m.Title, &m.Tags, &m.Description, &m.Content, &m.Checksum)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Memory{}, notFound
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		read = err == nil
+		return err
+	})
+	return func(who kungfu.Caller) (Memory, error) {
+		return judgeGet(who, code, revision, m, found, read)
 	}
-	if err != nil {
-		return Memory{}, fmt.Errorf("get memory: %w", err)
+}
+
+// judgeGet applies Get's rules to what its statement read: read is false
+// when no memory has the code.
+func judgeGet(who kungfu.Caller, code string, revision int, m Memory, found, read bool) (Memory, error) {
+	notFound := kungfu.Errorf(kungfu.CodeNotFound, "no memory %s", code)
+	if !read {
+		return Memory{}, notFound
 	}
 	owner := m.OwnerID == who.AccountID
 	switch {

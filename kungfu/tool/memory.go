@@ -2,7 +2,10 @@ package tool
 
 import (
 	"context"
+	"encoding/json"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/dojo-relay/dojo/kungfu"
 	"github.com/dojo-relay/dojo/kungfu/memory"
@@ -174,9 +177,22 @@ func memoryTools(s Services) []*Tool {
 			if err != nil {
 				return nil, err
 			}
-			return getOut{Code: x.Code, Author: x.Owner, Title: x.Title, Tags: x.Tags, Description: x.Description,
-				Content: x.Content, Checksum: x.Checksum, Revision: x.Revision, Current: x.Current,
-				Visibility: x.Visibility, Status: x.Status, CreatedAt: x.CreatedAt.UTC(), UpdatedAt: x.UpdatedAt.UTC()}, nil
+			return getResult(x), nil
+		}),
+		// A plain read (no assignment) is one statement: it goes in the
+		// caller's authentication round trip.
+		Prefetch: Prefetch(func(b *pgx.Batch, in getIn) Handler {
+			if in.Assign != 0 {
+				return nil
+			}
+			finish := memory.QueueGet(b, in.Code, in.Revision)
+			return func(_ context.Context, who kungfu.Caller, _ json.RawMessage) (any, error) {
+				x, err := finish(who)
+				if err != nil {
+					return nil, err
+				}
+				return getResult(x), nil
+			}
 		}),
 	}, {
 		Name:        "memory_share",
@@ -221,4 +237,11 @@ func visibility(m *memory.Service, to, changedMsg, sameMsg string) Handler {
 		}
 		return visibilityOut{Code: code, Visibility: to, Changed: changed, Message: msg}, nil
 	})
+}
+
+// getResult is memory_get's answer for a memory the caller may read.
+func getResult(x memory.Memory) getOut {
+	return getOut{Code: x.Code, Author: x.Owner, Title: x.Title, Tags: x.Tags, Description: x.Description,
+		Content: x.Content, Checksum: x.Checksum, Revision: x.Revision, Current: x.Current,
+		Visibility: x.Visibility, Status: x.Status, CreatedAt: x.CreatedAt.UTC(), UpdatedAt: x.UpdatedAt.UTC()}
 }

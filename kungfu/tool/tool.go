@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/santhosh-tekuri/jsonschema/v6/kind"
 
@@ -60,6 +61,14 @@ type Tool struct {
 	// database).
 	ReadOnly bool
 	Handler  Handler
+	// Prefetch, when set, queues the tool's first read on b for args that
+	// passed the schema, so that read travels in the PostgreSQL round trip
+	// that authenticates the caller, and returns the handler that finishes
+	// the call from it once b is sent and closed. It returns nil when these
+	// args need another read first; Handler runs then. Only a ReadOnly tool
+	// may have one: the read is sent before the caller and its rate limit
+	// are known.
+	Prefetch func(b *pgx.Batch, args json.RawMessage) Handler
 
 	compiled *jsonschema.Schema
 }
@@ -82,6 +91,9 @@ func NewRegistry(tools ...*Tool) (*Registry, error) {
 	for _, t := range tools {
 		if _, dup := r.byName[t.Name]; dup {
 			return nil, fmt.Errorf("tool %s defined twice", t.Name)
+		}
+		if t.Prefetch != nil && !t.ReadOnly {
+			return nil, fmt.Errorf("tool %s: only a read-only tool may prefetch", t.Name)
 		}
 		doc, err := jsonschema.UnmarshalJSON(strings.NewReader(t.Schema))
 		if err != nil {
@@ -197,6 +209,20 @@ func Decode[In any](fn func(ctx context.Context, who kungfu.Caller, in In) (any,
 			return nil, err
 		}
 		return fn(ctx, who, in)
+	}
+}
+
+// Prefetch is Decode for Tool.Prefetch: queue decodes the arguments and
+// queues the read on b, returning the handler that finishes from it, or
+// nil to leave the call to the tool's Handler. Arguments that do not decode
+// prefetch nothing; Handler refuses them as it always does.
+func Prefetch[In any](queue func(b *pgx.Batch, in In) Handler) func(b *pgx.Batch, args json.RawMessage) Handler {
+	return func(b *pgx.Batch, args json.RawMessage) Handler {
+		var in In
+		if err := decode(args, &in); err != nil {
+			return nil
+		}
+		return queue(b, in)
 	}
 }
 

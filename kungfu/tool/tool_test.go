@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/dojo-relay/dojo/kungfu"
 )
 
@@ -64,6 +66,12 @@ func TestNewRegistryRejectsMistakes(t *testing.T) {
 	}
 	if _, err := NewRegistry(&Tool{Name: "c", Schema: `{not json`}); err == nil {
 		t.Error("malformed schema accepted")
+	}
+	// A prefetched read is sent before the caller and its rate limit are
+	// known: a tool that writes must never do that.
+	writes := &Tool{Name: "d", Schema: `{"type":"object"}`, Prefetch: func(*pgx.Batch, json.RawMessage) Handler { return nil }}
+	if _, err := NewRegistry(writes); err == nil {
+		t.Error("a prefetch on a tool that writes was accepted")
 	}
 }
 
