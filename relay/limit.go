@@ -98,11 +98,15 @@ type Limiter struct {
 }
 
 // The window is a list of hit times, newest first, in microseconds of
-// Redis's own clock, so processes with skewed clocks still agree. Hits that
-// left the window are dropped from the tail, each once, so a check costs the
-// same however many hits the window holds. Should Redis's clock step back,
-// a hit stays counted a little longer than its window: stricter, never
-// looser.
+// Redis's own clock, so processes with skewed clocks still agree.
+//
+// A hit is pushed first and taken back if it is one too many, so an allowed
+// hit, by far the common case, costs the push and the expiry. Hits that left
+// the window are dropped from the old end when the count says the limit is
+// reached, and every eighth push otherwise, sixteen at a time: a key never
+// holds much more than its window, and a check costs the same however many
+// hits that is. Should Redis's clock step back, a hit stays counted a little
+// longer than its window: stricter, never looser.
 //
 // One run judges a whole batch, key by key in order, as if each check had
 // come alone at the same instant: the script's fixed cost is paid once per
@@ -114,21 +118,36 @@ var slidingWindow = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local stamp = t[1] .. string.format('%06d', tonumber(t[2]))
+-- trim drops up to 16 hits older than cut from the old end; it says how
+-- many, and whether there may be more.
+local function trim(key, cut)
+  local tail = redis.call('LRANGE', key, -16, -1)
+  local k = 0
+  for j = #tail, 1, -1 do
+    if tonumber(tail[j]) > cut then break end
+    k = k + 1
+  end
+  if k > 0 then redis.call('LTRIM', key, 0, -(k + 1)) end
+  return k, k > 0 and k == #tail
+end
 local out = {}
 for i, key in ipairs(KEYS) do
   local window = tonumber(ARGV[2 * i - 1])
   local limit = tonumber(ARGV[2 * i])
-  local oldest = redis.call('LINDEX', key, -1)
-  while oldest and tonumber(oldest) <= now - window do
-    redis.call('RPOP', key)
-    oldest = redis.call('LINDEX', key, -1)
+  local n = redis.call('LPUSH', key, stamp)
+  if n > limit or n % 8 == 0 then
+    local k, more
+    repeat
+      k, more = trim(key, now - window)
+      n = n - k
+    until not (more and n > limit)
   end
-  if redis.call('LLEN', key) < limit then
-    redis.call('LPUSH', key, stamp)
+  if n > limit then
+    redis.call('LPOP', key)
+    out[i] = tonumber(redis.call('LINDEX', key, -1)) + window - now
+  else
     redis.call('PEXPIRE', key, math.ceil(window / 1000))
     out[i] = 0
-  else
-    out[i] = tonumber(oldest) + window - now
   end
 end
 return out
@@ -205,8 +224,9 @@ func (c *Check) finish(wait time.Duration, err error) {
 func (l *Limiter) send() {
 	for {
 		// Let the requests that are ready to run start their checks first:
-		// under load the batch grows, and Redis wakes once for many. Idle,
-		// this returns at once.
+		// under load the batch grows (from about 2.5 checks to about 3 in
+		// `dojo bench`), and Redis wakes once for more of them. Idle, this
+		// returns at once: there is nothing else to run.
 		runtime.Gosched()
 		l.mu.Lock()
 		batch := l.queue

@@ -198,3 +198,38 @@ func TestLimiterScriptFlushed(t *testing.T) {
 		t.Fatal("a hit counted twice or not at all: the fourth was allowed")
 	}
 }
+
+// TestLimiterDropsOldHits: more hits than one trim takes leave the window
+// at once; the next check still sees an empty window, and a key holds no
+// more than about its window's hits however long it is used.
+func TestLimiterDropsOldHits(t *testing.T) {
+	t.Parallel()
+	prefix := kungfutest.RedisPrefix(t)
+	l := newLimiter(t, prefix, map[string]relay.Rule{"get": {Limit: 40, Window: 300 * time.Millisecond}, "list": {Limit: 1000, Window: 200 * time.Millisecond}})
+	ctx := t.Context()
+	for round := range 2 {
+		for i := range 40 {
+			if wait, err := l.Allow(ctx, "get", "s"); wait != 0 || err != nil {
+				t.Fatalf("round %d, hit %d: %s %v", round, i, wait, err)
+			}
+		}
+		wait, err := l.Allow(ctx, "get", "s")
+		if err != nil || wait <= 0 || wait > 300*time.Millisecond {
+			t.Fatalf("round %d, hit 41: %s %v", round, wait, err)
+		}
+		time.Sleep(wait + 20*time.Millisecond)
+	}
+	// Far under its limit, a key is still trimmed as it goes.
+	for range 60 {
+		for range 10 {
+			if wait, err := l.Allow(ctx, "list", "s"); wait != 0 || err != nil {
+				t.Fatalf("list: %s %v", wait, err)
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	n, err := l.Redis.LLen(ctx, prefix+"rlq:list:s").Result()
+	if err != nil || n > 400 {
+		t.Fatalf("the window holds %d hits (%v); about 200 were made in its last 200 ms", n, err)
+	}
+}

@@ -568,6 +568,7 @@ func (b *benchRun) measureAll(ctx context.Context, rep *report) error {
 		if err != nil {
 			return window{}, fmt.Errorf("%s: %w", name, err)
 		}
+		b.progress("  %.0f/s", w.rate())
 		return w, nil
 	}
 	baseName := "raw INSERT (fsynced, one row)"
