@@ -76,13 +76,7 @@ func TestParseLimits(t *testing.T) {
 // newLimiter is a Limiter of t's own on the shared Redis.
 func newLimiter(t *testing.T, prefix string, rules map[string]relay.Rule) *relay.Limiter {
 	t.Helper()
-	opt, err := redis.ParseURL(kungfutest.RedisURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(opt)
-	t.Cleanup(func() { _ = c.Close() })
-	return &relay.Limiter{Redis: c, Prefix: prefix, Rules: rules}
+	return &relay.Limiter{Redis: kungfutest.Redis(t), Prefix: prefix, Rules: rules}
 }
 
 // TestLimiterExactUnderConcurrency: checks from many requests travel in

@@ -58,13 +58,7 @@ func (d directory) AgentOf(_ context.Context, accountID int64) (string, error) {
 
 func redisClient(t *testing.T) redis.UniversalClient {
 	t.Helper()
-	opt, err := redis.ParseURL(kungfutest.RedisURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { _ = rdb.Close() })
-	return rdb
+	return kungfutest.Redis(t)
 }
 
 // fixture is a door over one agent holding the example key, at the
@@ -444,9 +438,7 @@ func FuzzWithout(f *testing.F) {
 func BenchmarkVerify(b *testing.B) {
 	key := exampleKey()
 	dir := directory{agents: map[string]Agent{exampleAgent: {ID: exampleAgent, AccountID: 7, Keys: []ed25519.PublicKey{key.Public().(ed25519.PublicKey)}}}}
-	opt, _ := redis.ParseURL(kungfutest.RedisURL())
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
+	rdb := kungfutest.Redis(b)
 	now := time.Unix(1791700000, 0)
 	d := &Door{Agents: dir, Redis: rdb, Prefix: kungfutest.RedisPrefix(b), Now: func() time.Time { return now }}
 	args := []byte(`{"agent_id":"` + exampleAgent + `","code":"abcdefabcdef"}`)

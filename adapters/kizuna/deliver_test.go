@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/dojo-relay/dojo/adapters/kizuna"
 	"github.com/dojo-relay/dojo/kungfu/kungfutest"
@@ -411,9 +410,7 @@ func TestDeliverRedisFlush(t *testing.T) {
 	to := f.agent(t, "A-FLUSH", b.srv.URL, "es_flush", true)
 	id, _ := f.letter(t, "T-FLUSH", to)
 
-	opt, _ := redis.ParseURL(kungfutest.RedisURL())
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
+	rdb := kungfutest.Redis(t)
 	ctx := context.Background()
 	scheduled := "asynq:{" + f.e.QueueOf(kizuna.TaskLetter) + "}:scheduled"
 	eventually(t, 10*time.Second, "attempt 2 scheduled in Redis", func() bool { return rdb.ZCard(ctx, scheduled).Val() == 1 })

@@ -605,50 +605,45 @@ func (b *benchRun) measureAll(ctx context.Context, rep *report) error {
 	if b.c.UnlimitedURL == "" || rep.LimitsUnasked {
 		return nil
 	}
-	var on, off []window
-	for _, side := range []bool{true, false, false, true} {
-		base, name := b.c.UnlimitedURL, "memory_get HTTP JSON, limits off"
-		if side {
-			base, name = b.c.URL, "memory_get HTTP JSON, limits on"
-		}
-		w, err := run(name, get(base), half)
-		if err != nil {
-			return err
-		}
-		if side {
-			on = append(on, w)
-		} else {
-			off = append(off, w)
-		}
+	on, off, err := abba(run, half, "memory_get HTTP JSON, limits on", get(b.c.URL), "memory_get HTTP JSON, limits off", get(b.c.UnlimitedURL))
+	if err != nil {
+		return err
 	}
-	rep.On, rep.Off = merge(on...), merge(off...)
+	rep.On, rep.Off = on, off
 	rep.Limits = true
 	return nil
 }
 
 type runFunc func(name string, op func(context.Context, int, int64) error, d time.Duration) (window, error)
 
+// abba measures two workloads side by side in A, B, B, A order, half a
+// window each, so that drift over the four halves cancels, and merges each
+// one's halves.
+func abba(run runFunc, half time.Duration, nameA string, opA func(context.Context, int, int64) error, nameB string, opB func(context.Context, int, int64) error) (a, b window, err error) {
+	var as, bs []window
+	for _, first := range []bool{true, false, false, true} {
+		name, op, into := nameB, opB, &bs
+		if first {
+			name, op, into = nameA, opA, &as
+		}
+		w, err := run(name, op, half)
+		if err != nil {
+			return window{}, window{}, err
+		}
+		*into = append(*into, w)
+	}
+	return merge(as...), merge(bs...), nil
+}
+
 // measureMCP judges MCP against its HTTP twin, measured beside it in HTTP,
 // MCP, MCP, HTTP order, half a window each, so drift cancels. Its row
 // follows the HTTP row when there is one.
 func (b *benchRun) measureMCP(rep *report, run runFunc, viaJSON, viaRPC func(context.Context, int, int64) error, half time.Duration) error {
-	var viaHTTP, viaMCP []window
-	for _, mcp := range []bool{false, true, true, false} {
-		name, op := "memory_get HTTP JSON (MCP's twin)", viaJSON
-		if mcp {
-			name, op = "memory_get MCP tools/call", viaRPC
-		}
-		w, err := run(name, op, half)
-		if err != nil {
-			return err
-		}
-		if mcp {
-			viaMCP = append(viaMCP, w)
-		} else {
-			viaHTTP = append(viaHTTP, w)
-		}
+	viaHTTP, viaMCP, err := abba(run, half, "memory_get HTTP JSON (MCP's twin)", viaJSON, "memory_get MCP tools/call", viaRPC)
+	if err != nil {
+		return err
 	}
-	twin := row{Name: "memory_get MCP tools/call", W: merge(viaMCP...), Twin: merge(viaHTTP...).rate(), Target: 0.85}
+	twin := row{Name: "memory_get MCP tools/call", W: viaMCP, Twin: viaHTTP.rate(), Target: 0.85}
 	at := 0
 	if b.c.wants("get") {
 		at = 1

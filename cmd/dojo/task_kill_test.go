@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/dojo-relay/dojo/kungfu/kungfutest"
 )
@@ -258,12 +257,7 @@ func TestServeRedisFlushMidLadder(t *testing.T) {
 	}
 	sub := r["submission_id"].(string)
 
-	opt, err := redis.ParseURL(kungfutest.RedisURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
+	rdb := kungfutest.Redis(t)
 	ctx := context.Background()
 	// The queues are named from DOJO_QUEUE: the deployment id and the task
 	// type follow it.

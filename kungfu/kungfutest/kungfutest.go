@@ -158,6 +158,18 @@ func Pool(t testing.TB) (*pgxpool.Pool, string) {
 	return pool, dsn
 }
 
+// Redis is a client of the test Redis, closed when t ends.
+func Redis(t testing.TB) *redis.Client {
+	t.Helper()
+	opt, err := redis.ParseURL(RedisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { _ = rdb.Close() })
+	return rdb
+}
+
 // RedisPrefix returns a key prefix owned by t; its keys are deleted when t
 // ends.
 func RedisPrefix(t testing.TB) string {
