@@ -47,3 +47,10 @@ func SystemClock() time.Time { return time.Now().UTC().Truncate(time.Microsecond
 
 // Version is Dojo's release; api_version in every envelope.
 const Version = "v0.1.0"
+
+// Gate is a condition that a read sent before its caller is known adds to
+// its WHERE clause, so that the read finds nothing unless the caller's
+// credential is good: a refused caller costs PostgreSQL no more than the
+// lookup of its credential, and learns nothing from how long the answer
+// took. The condition's one argument is arg, written $n.
+type Gate func(n int) (cond string, arg any)

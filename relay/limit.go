@@ -84,18 +84,31 @@ func ParseLimits(s string) (map[string]Rule, error) {
 //
 // Checks from concurrent requests travel together: while one pipeline of
 // checks is on its way to Redis, the next ones queue, and go as the next
-// pipeline. Each check is still its own script run against Redis's one
-// count, so limits stay exact across processes; what the queue saves is a
-// round trip (two system calls on each side) per request.
+// pipeline, judged by one script run. Every check still counts against
+// Redis's one window, so limits stay exact across processes; what the
+// queue saves is round trips and script runs. A pipeline out for longer
+// than stalled lets another start beside it, so a slow connection or a
+// Redis that went away does not hold every later check behind it.
 type Limiter struct {
 	Redis  redis.UniversalClient
 	Prefix string
 	Rules  map[string]Rule
 
-	mu      sync.Mutex
-	queue   []*Check
-	sending bool
+	mu       sync.Mutex
+	queue    []*Check
+	senders  int
+	lastSend time.Time
 }
+
+const (
+	// stalled is how long a pipeline may be out before checks queued
+	// behind it start one of their own, at most maxSenders in all.
+	stalled    = 50 * time.Millisecond
+	maxSenders = 8
+	// checkTimeout bounds the wait for a verdict. Past it the call is
+	// refused SERVICE_UNAVAILABLE, as when Redis cannot be reached.
+	checkTimeout = 5 * time.Second
+)
 
 // The window is a list of hit times, newest first, in microseconds of
 // Redis's own clock, so processes with skewed clocks still agree.
@@ -190,10 +203,14 @@ func (l *Limiter) Start(ctx context.Context, action, subject string, refused fun
 		return c
 	}
 	c.key, c.rule = l.Prefix+"rlq:"+action+":"+subject, rule
+	now := time.Now()
 	l.mu.Lock()
 	l.queue = append(l.queue, c)
-	start := !l.sending
-	l.sending = true
+	start := l.senders == 0 || (l.senders < maxSenders && now.Sub(l.lastSend) > stalled)
+	if start {
+		l.senders++
+		l.lastSend = now
+	}
 	l.mu.Unlock()
 	if start {
 		go l.send()
@@ -207,8 +224,17 @@ func (c *Check) Wait() (time.Duration, error) {
 	select {
 	case <-c.done:
 		return c.wait, c.err
+	default:
+	}
+	t := time.NewTimer(checkTimeout)
+	defer t.Stop()
+	select {
+	case <-c.done:
+		return c.wait, c.err
 	case <-c.ctx.Done():
 		return 0, fmt.Errorf("rate limit %s: %w: %w", c.action, errRedis, c.ctx.Err())
+	case <-t.C:
+		return 0, fmt.Errorf("rate limit %s: %w: no verdict within %s", c.action, errRedis, checkTimeout)
 	}
 }
 
@@ -232,10 +258,11 @@ func (l *Limiter) send() {
 		batch := l.queue
 		l.queue = nil
 		if len(batch) == 0 {
-			l.sending = false
+			l.senders--
 			l.mu.Unlock()
 			return
 		}
+		l.lastSend = time.Now()
 		l.mu.Unlock()
 		l.run(batch)
 	}
@@ -246,20 +273,28 @@ func (l *Limiter) send() {
 // charges nothing. Runs answered NOSCRIPT (Redis restarted or flushed) had
 // no effect; they go again once the script is loaded.
 func (l *Limiter) run(batch []*Check) {
-	ctx := context.Background()
-	live := batch[:0]
-	for _, c := range batch {
-		if c.ctx.Err() != nil {
-			c.finish(0, fmt.Errorf("rate limit %s: %w: %w", c.action, errRedis, c.ctx.Err()))
-			continue
-		}
-		live = append(live, c)
-	}
+	// Nobody waits longer than checkTimeout for a verdict; past it go-redis
+	// stops retrying too.
+	ctx, cancel := context.WithTimeout(context.Background(), checkTimeout)
+	defer cancel()
 	fail := func(cs []*Check, err error) {
 		for _, c := range cs {
 			c.finish(0, fmt.Errorf("rate limit %s: %w: %w", c.action, errRedis, err))
 		}
 	}
+	// present drops the checks whose caller has gone, charging them nothing.
+	present := func(cs []*Check) []*Check {
+		live := cs[:0]
+		for _, c := range cs {
+			if err := c.ctx.Err(); err != nil {
+				fail([]*Check{c}, err)
+				continue
+			}
+			live = append(live, c)
+		}
+		return live
+	}
+	live := present(batch)
 	for try := 0; len(live) > 0; try++ {
 		pipe := l.Redis.Pipeline()
 		chunks := slices.Collect(slices.Chunk(live, maxScriptBatch))
@@ -296,7 +331,7 @@ func (l *Limiter) run(batch []*Check) {
 				return
 			}
 		}
-		live = again
+		live = present(again)
 	}
 }
 

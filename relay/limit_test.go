@@ -227,3 +227,46 @@ func TestLimiterDropsOldHits(t *testing.T) {
 		t.Fatalf("the window holds %d hits (%v); about 200 were made in its last 200 ms", n, err)
 	}
 }
+
+// TestLimiterStalledRedis: a Redis that stops answering holds no check
+// much past checkTimeout (5 s), however many are queued behind the stalled
+// pipeline; each is refused as unavailable, and checks judge again as soon
+// as Redis answers.
+func TestLimiterStalledRedis(t *testing.T) {
+	t.Parallel()
+	url, _ := privateRedis(t)
+	opt, _ := redis.ParseURL(url)
+	c := redis.NewClient(opt)
+	defer c.Close()
+	admin := redis.NewClient(opt)
+	defer admin.Close()
+	l := &relay.Limiter{Redis: c, Prefix: "t:", Rules: map[string]relay.Rule{"get": {Limit: 100, Window: time.Minute}}}
+	ctx := t.Context()
+	if wait, err := l.Allow(ctx, "get", "s"); wait != 0 || err != nil {
+		t.Fatalf("before the stall: %s %v", wait, err)
+	}
+	// Redis answers nobody, not even CLIENT UNPAUSE, until the pause ends.
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", "7000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 6 {
+		time.Sleep(300 * time.Millisecond)
+		wg.Go(func() {
+			start := time.Now()
+			_, err := l.Allow(ctx, "get", "s")
+			if took := time.Since(start); err == nil || took > 7*time.Second {
+				t.Errorf("check %d during the stall: %v after %s", i, err, took)
+			}
+		})
+	}
+	wg.Wait()
+	start := time.Now()
+	for time.Since(start) < 10*time.Second {
+		if wait, err := l.Allow(ctx, "get", "s"); err == nil && wait == 0 {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("checks were not judged again after the stall")
+}

@@ -2,11 +2,13 @@ package relay_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -216,7 +218,10 @@ func TestHotPlansUseIndexes(t *testing.T) {
 				t.Fatal(err)
 			}
 			p := plan.String()
-			if strings.Contains(p, "Seq Scan") || !strings.Contains(p, want[i].index) || !strings.Contains(p, "accounts_pkey") {
+			// The memory read carries the key's gate: it too must probe
+			// the hash index, never the partial index of live keys.
+			gated := i == 0 || strings.Contains(p, "credentials_agent_key") && !strings.Contains(p, "credentials_one_live_agent_key")
+			if strings.Contains(p, "Seq Scan") || !strings.Contains(p, want[i].index) || !strings.Contains(p, "accounts_pkey") || !gated {
 				t.Errorf("%s, the %s lookup should probe %s and accounts_pkey:\n%s\n%s", stats, want[i].table, want[i].index, s.sql, p)
 			}
 		}
@@ -349,5 +354,73 @@ func TestPrefetchJudgesAfterTheKey(t *testing.T) {
 		if a := get(bob, arg("not-a-code")); a.code != "INVALID_CODE" {
 			t.Errorf("%s: a malformed code: %d %s %s", door, a.status, a.code, a.raw)
 		}
+	}
+}
+
+// TestPrefetchReadsNothingForABadKey: the memory statement sent beside the
+// lookup of a key of nobody reads no memory at all (its scan never runs),
+// so such a caller costs PostgreSQL one key probe and cannot time the
+// read of a memory it may not see.
+func TestPrefetchReadsNothingForABadKey(t *testing.T) {
+	t.Parallel()
+	d := start(t)
+	alice, _ := d.register(t)
+	code := d.must(t, alice, "memory_put", putArgs("content", content(50_000))).str("code")
+	stranger := alice[:len(alice)-1] + map[bool]string{true: "1", false: "0"}[alice[len(alice)-1] == '0']
+	url, tr := mirror(t, d.DSN, nil)
+	expect(t, post(t, url+"/api/v1/memory_get", stranger, []byte(`{"code":"`+code+`"}`)), 401, "UNAUTHORIZED")
+	got := tr.take()
+	if len(got) != 2 || trips(got) != 1 {
+		t.Fatalf("%d statements in %d round trips, want the key lookup and the gated read in 1", len(got), trips(got))
+	}
+	for key, want := range map[string]bool{stranger: false, alice: true} {
+		args := slices.Clone(got[1].args)
+		sum := sha256.Sum256([]byte(strings.ToLower(key))) // how keys are stored
+		args[len(args)-1] = sum[:]
+		var plan strings.Builder
+		rows, err := d.App.DB.Query(t.Context(), "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "+got[1].sql, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			plan.WriteString(line + "\n")
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		p := plan.String()
+		read := !strings.Contains(p, "memories_code_key on memories m (never executed)") && strings.Contains(p, "memories_code_key")
+		if read != want {
+			t.Errorf("key of %s: memory read %v, want %v:\n%s", map[bool]string{true: "its author", false: "nobody"}[want], read, want, p)
+		}
+	}
+}
+
+// TestPrefetchedReadFails: a read that PostgreSQL refuses is the call's
+// internal error, as before prefetching, never the caller's key: a good key
+// is not told to stop, a bad one is still refused as such.
+func TestPrefetchedReadFails(t *testing.T) {
+	t.Parallel()
+	d := start(t)
+	key, _ := d.register(t)
+	code := d.must(t, key, "memory_put", putArgs()).str("code")
+	stranger := key[:len(key)-1] + map[bool]string{true: "1", false: "0"}[key[len(key)-1] == '0']
+	// This test's own database: break the read, not the key lookup.
+	if _, err := d.App.DB.Exec(t.Context(), `ALTER TABLE memory_revisions RENAME COLUMN content TO content_gone`); err != nil {
+		t.Fatal(err)
+	}
+	args := `{"code":"` + code + `"}`
+	expect(t, post(t, d.URL+"/api/v1/memory_get", key, []byte(args)), 500, "INTERNAL_ERROR")
+	expect(t, post(t, d.URL+"/api/v1/memory_get", stranger, []byte(args)), 401, "UNAUTHORIZED")
+	r := post(t, d.URL+"/mcp", key, mcpCall("memory_get", args), mcpAccept...)
+	if r.Status != 200 || !strings.Contains(r.Raw, `"isError":true`) || !strings.Contains(r.Raw, "INTERNAL_ERROR") {
+		t.Errorf("MCP with a good key: %d %s", r.Status, r.Raw)
+	}
+	if r := post(t, d.URL+"/mcp", stranger, mcpCall("memory_get", args), mcpAccept...); r.Status != 401 {
+		t.Errorf("MCP with a key of nobody: %d %s", r.Status, r.Raw)
 	}
 }

@@ -263,18 +263,28 @@ func (s *Server) authenticateFor(r *http.Request, t *tool.Tool, args json.RawMes
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return who, nil, kungfu.Errorf(kungfu.CodeUnauthorized, "use Authorization: Bearer <Agent key>")
 	}
+	token = strings.TrimSpace(token)
 	b := &pgx.Batch{}
-	finish := account.QueueAuthenticate(b, strings.TrimSpace(token))
-	if b.Len() > 0 && t != nil && t.Prefetch != nil && t.Validate(args) == nil {
-		pre = t.Prefetch(b, args)
+	finish := account.QueueAuthenticate(b, token)
+	if gate := account.KeyGate(token); gate != nil && t != nil && t.Prefetch != nil && t.Validate(args) == nil {
+		pre = t.Prefetch(b, gate, args)
 	}
+	var cerr error
 	if b.Len() > 0 {
-		if err := s.accounts.DB.SendBatch(r.Context(), b).Close(); err != nil {
-			return who, nil, fmt.Errorf("authenticate: %w", err)
-		}
+		// Each statement's own error comes from its finish; this one is
+		// the batch's (a lost connection).
+		cerr = s.accounts.DB.SendBatch(r.Context(), b).Close()
 	}
 	c, err := finish()
+	if errors.Is(err, account.ErrNotSent) && pre != nil {
+		// The tool's read broke the batch before the key was looked up:
+		// the key alone decides, and the tool reads for itself.
+		return s.authenticateFor(r, nil, nil)
+	}
 	if err != nil {
+		if kungfu.AsError(err) == nil && cerr != nil {
+			err = fmt.Errorf("%w (%w)", err, cerr)
+		}
 		return who, nil, err
 	}
 	c.IP = who.IP

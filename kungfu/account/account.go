@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/big"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -163,27 +164,58 @@ func QueueAuthenticate(b *pgx.Batch, raw string) (finish func() (kungfu.Caller, 
 	}
 	sum := hashKey(raw)
 	var (
-		c      kungfu.Caller
-		stored []byte
-		live   bool
-		status string
-		read   bool
+		c         kungfu.Caller
+		stored    []byte
+		live      bool
+		status    string
+		ran, read bool
+		qerr      error
 	)
+	// Errors are kept, not returned, so that the statements queued after
+	// this one still run and report their own.
 	b.Queue(`SELECT a.id, a.name, a.status, c.secret_hash, c.revoked_at IS NULL
 		 FROM credentials c JOIN accounts a ON a.id = c.account_id
 		 WHERE c.kind = 'agent_key' AND c.secret_hash = $1`, sum[:]).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(&c.AccountID, &c.Name, &status, &stored, &live)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
+		ran = true
+		switch err := row.Scan(&c.AccountID, &c.Name, &status, &stored, &live); {
+		case err == nil:
+			read = true
+		case !errors.Is(err, pgx.ErrNoRows):
+			qerr = err
 		}
-		read = err == nil
-		return err
+		return nil
 	})
 	return func() (kungfu.Caller, error) {
-		if !read || subtle.ConstantTimeCompare(stored, sum[:]) != 1 || !live || status != "active" {
+		switch {
+		case qerr != nil:
+			return kungfu.Caller{}, fmt.Errorf("authenticate: %w", qerr)
+		case !ran:
+			return kungfu.Caller{}, ErrNotSent
+		case !read || subtle.ConstantTimeCompare(stored, sum[:]) != 1 || !live || status != "active":
 			return kungfu.Caller{}, unauthorized
 		}
 		return c, nil
+	}
+}
+
+// ErrNotSent is QueueAuthenticate's answer when its batch failed before the
+// key lookup ran, for instance because a statement queued with it could not
+// be prepared.
+var ErrNotSent = errors.New("authenticate: the key lookup was not sent")
+
+// KeyGate is the Gate of a raw Agent key: it holds when the key is an
+// active account's live key. A string that cannot be a key gives nil.
+// Revocation is tested in a form that does not match the partial index of
+// live keys, so the planner probes the hash index, as Authenticate does.
+func KeyGate(raw string) kungfu.Gate {
+	if !keyRE.MatchString(raw) {
+		return nil
+	}
+	sum := hashKey(raw)
+	return func(n int) (string, any) {
+		return `EXISTS (SELECT 1 FROM credentials c JOIN accounts a ON a.id = c.account_id
+		 WHERE c.kind = 'agent_key' AND c.secret_hash = $` + strconv.Itoa(n) + `
+		   AND coalesce(c.revoked_at, 'infinity') = 'infinity' AND a.status = 'active')`, sum[:]
 	}
 }
 

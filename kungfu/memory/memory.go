@@ -284,7 +284,7 @@ func insertRevision(ctx context.Context, tx pgx.Tx, id int64, rev int, d Draft, 
 // round trip, and a refused caller is given nothing of what was read.
 func (s *Service) Get(ctx context.Context, who kungfu.Caller, code string, revision int) (Memory, error) {
 	b := &pgx.Batch{}
-	finish := QueueGet(b, code, revision)
+	finish := QueueGet(b, nil, code, revision)
 	if b.Len() > 0 {
 		// A batch of one is sent as a plain query: one round trip.
 		if err := s.DB.SendBatch(ctx, b).Close(); err != nil {
@@ -306,27 +306,43 @@ const getSQL = `SELECT m.id, m.account_id, a.name, m.revision, m.visibility, m.s
 
 // QueueGet adds Get's read to b, so a caller can send it in the round trip
 // that authenticates the reader (relay does), and returns what judges the
-// read once b has been sent and closed: Get's answer for who. A code that
-// cannot be one queues nothing; its refusal comes from finish.
-func QueueGet(b *pgx.Batch, code string, revision int) (finish func(who kungfu.Caller) (Memory, error)) {
+// read once b has been sent and closed: Get's answer for who. With a gate
+// the read finds nothing unless the gate holds. A code that cannot be one
+// queues nothing; its refusal comes from finish.
+func QueueGet(b *pgx.Batch, gate kungfu.Gate, code string, revision int) (finish func(who kungfu.Caller) (Memory, error)) {
 	code, err := NormalizeCode(code)
 	if err != nil {
 		return func(kungfu.Caller) (Memory, error) { return Memory{}, err }
 	}
 	var (
-		m           Memory
-		found, read bool
+		m                Memory
+		found, ran, read bool
+		qerr             error
 	)
-	b.Queue(getSQL, code, int64(revision)).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(&m.ID, &m.OwnerID, &m.Owner, &m.Current, &m.Visibility, &m.Status, &m.Origin, &m.CreatedAt, &m.UpdatedAt,
-			&found, &m.Revision, &m.Title, &m.Tags, &m.Description, &m.Content, &m.Checksum)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
+	sql, args := getSQL, []any{code, int64(revision)}
+	if gate != nil {
+		cond, arg := gate(3)
+		sql, args = getSQL+" AND "+cond, append(args, arg)
+	}
+	// Errors are kept, not returned: see account.QueueAuthenticate.
+	b.Queue(sql, args...).QueryRow(func(row pgx.Row) error {
+		ran = true
+		switch err := row.Scan(&m.ID, &m.OwnerID, &m.Owner, &m.Current, &m.Visibility, &m.Status, &m.Origin, &m.CreatedAt, &m.UpdatedAt,
+			&found, &m.Revision, &m.Title, &m.Tags, &m.Description, &m.Content, &m.Checksum); {
+		case err == nil:
+			read = true
+		case !errors.Is(err, pgx.ErrNoRows):
+			qerr = err
 		}
-		read = err == nil
-		return err
+		return nil
 	})
 	return func(who kungfu.Caller) (Memory, error) {
+		switch {
+		case qerr != nil:
+			return Memory{}, fmt.Errorf("get memory: %w", qerr)
+		case !ran:
+			return Memory{}, errors.New("get memory: the read was not sent")
+		}
 		return judgeGet(who, code, revision, m, found, read)
 	}
 }

@@ -181,11 +181,11 @@ func memoryTools(s Services) []*Tool {
 		}),
 		// A plain read (no assignment) is one statement: it goes in the
 		// caller's authentication round trip.
-		Prefetch: Prefetch(func(b *pgx.Batch, in getIn) Handler {
+		Prefetch: Prefetch(func(b *pgx.Batch, gate kungfu.Gate, in getIn) Handler {
 			if in.Assign != 0 {
 				return nil
 			}
-			finish := memory.QueueGet(b, in.Code, in.Revision)
+			finish := memory.QueueGet(b, gate, in.Code, in.Revision)
 			return func(_ context.Context, who kungfu.Caller, _ json.RawMessage) (any, error) {
 				x, err := finish(who)
 				if err != nil {

@@ -64,11 +64,12 @@ type Tool struct {
 	// Prefetch, when set, queues the tool's first read on b for args that
 	// passed the schema, so that read travels in the PostgreSQL round trip
 	// that authenticates the caller, and returns the handler that finishes
-	// the call from it once b is sent and closed. It returns nil when these
-	// args need another read first; Handler runs then. Only a ReadOnly tool
-	// may have one: the read is sent before the caller and its rate limit
-	// are known.
-	Prefetch func(b *pgx.Batch, args json.RawMessage) Handler
+	// the call from it once b is sent and closed. The read must find
+	// nothing unless gate holds (the caller's credential is good). It
+	// returns nil when these args need another read first; Handler runs
+	// then. Only a ReadOnly tool may have one: the read is sent before the
+	// caller and its rate limit are known.
+	Prefetch func(b *pgx.Batch, gate kungfu.Gate, args json.RawMessage) Handler
 
 	compiled *jsonschema.Schema
 }
@@ -216,13 +217,13 @@ func Decode[In any](fn func(ctx context.Context, who kungfu.Caller, in In) (any,
 // queues the read on b, returning the handler that finishes from it, or
 // nil to leave the call to the tool's Handler. Arguments that do not decode
 // prefetch nothing; Handler refuses them as it always does.
-func Prefetch[In any](queue func(b *pgx.Batch, in In) Handler) func(b *pgx.Batch, args json.RawMessage) Handler {
-	return func(b *pgx.Batch, args json.RawMessage) Handler {
+func Prefetch[In any](queue func(b *pgx.Batch, gate kungfu.Gate, in In) Handler) func(b *pgx.Batch, gate kungfu.Gate, args json.RawMessage) Handler {
+	return func(b *pgx.Batch, gate kungfu.Gate, args json.RawMessage) Handler {
 		var in In
 		if err := decode(args, &in); err != nil {
 			return nil
 		}
-		return queue(b, in)
+		return queue(b, gate, in)
 	}
 }
 

@@ -69,7 +69,7 @@ func TestNewRegistryRejectsMistakes(t *testing.T) {
 	}
 	// A prefetched read is sent before the caller and its rate limit are
 	// known: a tool that writes must never do that.
-	writes := &Tool{Name: "d", Schema: `{"type":"object"}`, Prefetch: func(*pgx.Batch, json.RawMessage) Handler { return nil }}
+	writes := &Tool{Name: "d", Schema: `{"type":"object"}`, Prefetch: func(*pgx.Batch, kungfu.Gate, json.RawMessage) Handler { return nil }}
 	if _, err := NewRegistry(writes); err == nil {
 		t.Error("a prefetch on a tool that writes was accepted")
 	}
