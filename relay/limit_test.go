@@ -173,9 +173,7 @@ func TestLimiterCallerGone(t *testing.T) {
 func TestLimiterScriptFlushed(t *testing.T) {
 	t.Parallel()
 	url, _ := privateRedis(t)
-	opt, _ := redis.ParseURL(url)
-	c := redis.NewClient(opt)
-	defer c.Close()
+	c := redisAt(t, url)
 	l := &relay.Limiter{Redis: c, Prefix: "t:", Rules: map[string]relay.Rule{"get": {Limit: 3, Window: time.Minute}}}
 	ctx := t.Context()
 	for i := range 3 {
@@ -235,11 +233,7 @@ func TestLimiterDropsOldHits(t *testing.T) {
 func TestLimiterStalledRedis(t *testing.T) {
 	t.Parallel()
 	url, _ := privateRedis(t)
-	opt, _ := redis.ParseURL(url)
-	c := redis.NewClient(opt)
-	defer c.Close()
-	admin := redis.NewClient(opt)
-	defer admin.Close()
+	c, admin := redisAt(t, url), redisAt(t, url)
 	l := &relay.Limiter{Redis: c, Prefix: "t:", Rules: map[string]relay.Rule{"get": {Limit: 100, Window: time.Minute}}}
 	ctx := t.Context()
 	if wait, err := l.Allow(ctx, "get", "s"); wait != 0 || err != nil {
@@ -269,4 +263,16 @@ func TestLimiterStalledRedis(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatal("checks were not judged again after the stall")
+}
+
+// redisAt is a client of the Redis at url, closed when t ends.
+func redisAt(t *testing.T, url string) *redis.Client {
+	t.Helper()
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
 }

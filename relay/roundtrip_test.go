@@ -202,22 +202,7 @@ func TestHotPlansUseIndexes(t *testing.T) {
 			}
 		}
 		for i, s := range got {
-			var plan strings.Builder
-			rows, err := d.App.DB.Query(ctx, "EXPLAIN "+s.sql, s.args...)
-			if err != nil {
-				t.Fatalf("explain: %v\n%s", err, s.sql)
-			}
-			for rows.Next() {
-				var line string
-				if err := rows.Scan(&line); err != nil {
-					t.Fatal(err)
-				}
-				plan.WriteString(line + "\n")
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
-			}
-			p := plan.String()
+			p := explain(t, d.App.DB, "EXPLAIN "+s.sql, s.args...)
 			// The memory read carries the key's gate: it too must probe
 			// the hash index, never the partial index of live keys.
 			gated := i == 0 || strings.Contains(p, "credentials_agent_key") && !strings.Contains(p, "credentials_one_live_agent_key")
@@ -377,22 +362,7 @@ func TestPrefetchReadsNothingForABadKey(t *testing.T) {
 		args := slices.Clone(got[1].args)
 		sum := sha256.Sum256([]byte(strings.ToLower(key))) // how keys are stored
 		args[len(args)-1] = sum[:]
-		var plan strings.Builder
-		rows, err := d.App.DB.Query(t.Context(), "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "+got[1].sql, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for rows.Next() {
-			var line string
-			if err := rows.Scan(&line); err != nil {
-				t.Fatal(err)
-			}
-			plan.WriteString(line + "\n")
-		}
-		if err := rows.Err(); err != nil {
-			t.Fatal(err)
-		}
-		p := plan.String()
+		p := explain(t, d.App.DB, "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) "+got[1].sql, args...)
 		read := !strings.Contains(p, "memories_code_key on memories m (never executed)") && strings.Contains(p, "memories_code_key")
 		if read != want {
 			t.Errorf("key of %s: memory read %v, want %v:\n%s", map[bool]string{true: "its author", false: "nobody"}[want], read, want, p)
@@ -423,4 +393,25 @@ func TestPrefetchedReadFails(t *testing.T) {
 	if r := post(t, d.URL+"/mcp", stranger, mcpCall("memory_get", args), mcpAccept...); r.Status != 401 {
 		t.Errorf("MCP with a key of nobody: %d %s", r.Status, r.Raw)
 	}
+}
+
+// explain runs an EXPLAIN statement and returns its plan as text.
+func explain(t *testing.T, db *pgxpool.Pool, sql string, args ...any) string {
+	t.Helper()
+	rows, err := db.Query(t.Context(), sql, args...)
+	if err != nil {
+		t.Fatalf("explain: %v\n%s", err, sql)
+	}
+	var plan strings.Builder
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan.WriteString(line + "\n")
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return plan.String()
 }
