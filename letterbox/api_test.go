@@ -90,13 +90,7 @@ func local(t *testing.T, method, url, body string, header ...string) (int, []byt
 			req.Header.Set(header[i], header[i+1])
 		}
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
+	return do(t, req)
 }
 
 func errCode(b []byte) string {
@@ -519,4 +513,16 @@ func TestHeartbeatBackoff(t *testing.T) {
 	if g := gap(3); g >= 7*every {
 		t.Errorf("gap after failure 3 is %v, want it capped at %v, not doubled to %v", g, 4*every, 8*every)
 	}
+}
+
+// do sends req and returns the status and body.
+func do(t testing.TB, req *http.Request) (int, []byte) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
 }

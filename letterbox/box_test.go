@@ -112,13 +112,7 @@ func deliver(t testing.TB, base, id string, body []byte, ts int64, sig string) (
 	if sig != "-" {
 		req.Header.Set("X-Kizuna-Signature", sig)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
+	return do(t, req)
 }
 
 func letterBody(id string) []byte {

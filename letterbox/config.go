@@ -114,14 +114,7 @@ func SaveConfig(home string, c Config) error {
 	if err := os.MkdirAll(home, 0o700); err != nil {
 		return fmt.Errorf("letterbox: %w", err)
 	}
-	b, err := json.MarshalIndent(struct {
-		HubURL         string `json:"hub_url"`
-		AgentID        string `json:"agent_id"`
-		AgentToken     string `json:"agent_token"`
-		EndpointSecret string `json:"endpoint_secret"`
-		Listen         string `json:"listen"`
-		DeliverListen  string `json:"deliver_listen,omitempty"`
-	}(c), "", "  ")
+	b, err := json.MarshalIndent(c, "", "  ")
 	if err != nil {
 		return fmt.Errorf("letterbox: %w", err)
 	}

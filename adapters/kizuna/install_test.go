@@ -7,10 +7,8 @@ import (
 	"encoding/json"
 	"io"
 	"io/fs"
-	"log/slog"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,34 +20,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorilla/mux"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"golang.org/x/crypto/bcrypt"
 
 	"github.com/dojo-relay/dojo/adapters/kizuna"
-	"github.com/dojo-relay/dojo/kungfu/account"
-	"github.com/dojo-relay/dojo/kungfu/kungfutest"
-	"github.com/dojo-relay/dojo/signing"
 )
 
 // installHub is a hub on the real clock (the letterbox heartbeats it) with
 // a BoxDir and a Self of the test's choosing.
 func installHub(t *testing.T, boxDir, self string) (*hubFixture, *pgxpool.Pool) {
 	t.Helper()
-	db, _ := kungfutest.Pool(t)
-	text, _ := signing.GenerateServerKey()
-	keys, err := signing.ParseServerKey(text)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &kizuna.Hub{DB: db, Keys: keys, AdminToken: hubAdmin, BoxDir: boxDir, Self: self,
-		Accounts: &account.Service{DB: db, Now: time.Now, BcryptCost: bcrypt.MinCost},
-		Log:      slog.New(slog.NewTextHandler(io.Discard, nil))}
-	r := mux.NewRouter()
-	h.Mount(r)
-	srv := httptest.NewServer(r)
-	t.Cleanup(srv.Close)
-	return &hubFixture{url: srv.URL, db: db, keys: keys}, db
+	f := newHub(t, func(h *kizuna.Hub) {
+		h.BoxDir, h.Self, h.Deliver, h.Now, h.Accounts.Now = boxDir, self, nil, nil, time.Now
+	})
+	return f, f.db
 }
 
 // mint asks for an enroll token with the given elements.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -25,36 +24,6 @@ import (
 // boxScale makes the delivery ladder's gaps 180 ms, 600 ms, 1.8 s, 3.6 s
 // and 7.2 s: all six attempts fit in about 14 s.
 const boxScale = "0.001"
-
-// serveAt starts `dojo serve` on addr, so that a restart can come back
-// on the address the boxes' hub_url names.
-func serveAt(t *testing.T, env map[string]string, addr string) *server {
-	t.Helper()
-	env["DOJO_ADDR"] = addr
-	cmd := command(t, env, "serve")
-	// stopGracefully reads out only after Wait, when exec has stopped
-	// writing to it.
-	out := &bytes.Buffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &server{cmd: cmd, base: "http://" + addr, out: out}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	for range 300 {
-		if resp, err := http.Get(s.base + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return s
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
-	t.Fatalf("dojo serve did not become ready on %s: %s", addr, out.String())
-	return nil
-}
 
 // hubAgent is an agent registered at the hub, with its box's address.
 type hubAgent struct {

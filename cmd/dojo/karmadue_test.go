@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dojo-relay/dojo/kungfu/kungfutest"
 	"github.com/dojo-relay/dojo/signing"
 )
 
@@ -19,12 +18,7 @@ import (
 // replay, although that process never saw it.
 func TestNonceReplayAcrossProcesses(t *testing.T) {
 	t.Parallel()
-	dsn := kungfutest.DatabaseURL(t)
-	pfx := kungfutest.RedisPrefix(t)
-	mk := func() map[string]string {
-		return map[string]string{"DATABASE_URL": dsn, "REDIS_URL": kungfutest.RedisURL(), "DOJO_REDIS_PREFIX": pfx}
-	}
-	a, b := startServe(t, mk()), startServe(t, mk())
+	a, b := twoServes(t, nil)
 
 	pub, priv, _ := ed25519.GenerateKey(nil)
 	ch := mustCall(t, a.base, "", "register_challenge", map[string]any{})

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -161,17 +162,25 @@ type server struct {
 
 func startServe(t *testing.T, env map[string]string) *server {
 	t.Helper()
-	addr := freeAddr(t)
+	return serveAt(t, env, freeAddr(t))
+}
+
+// serveAt starts `dojo serve` on addr, so that a restart can come back
+// on the address the boxes' hub_url names.
+func serveAt(t *testing.T, env map[string]string, addr string) *server {
+	t.Helper()
 	env["DOJO_ADDR"] = addr
 	cmd := command(t, env, "serve")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
+	// stopGracefully reads out only after Wait, when exec has stopped
+	// writing to it.
+	out := &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &server{cmd: cmd, base: "http://" + addr, out: &out}
+	s := &server{cmd: cmd, base: "http://" + addr, out: out}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	for range 200 {
+	for range 300 {
 		if resp, err := http.Get(s.base + "/readyz"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -180,8 +189,23 @@ func startServe(t *testing.T, env map[string]string) *server {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("dojo serve did not become ready: %s", out.String())
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	t.Fatalf("dojo serve did not become ready on %s: %s", addr, out.String())
 	return nil
+}
+
+// twoServes starts two `dojo serve` processes of one deployment: one
+// database, one Redis prefix, and the extra variables given.
+func twoServes(t *testing.T, extra map[string]string) (a, b *server) {
+	t.Helper()
+	dsn, pfx := kungfutest.DatabaseURL(t), kungfutest.RedisPrefix(t)
+	env := func() map[string]string {
+		e := map[string]string{"DATABASE_URL": dsn, "REDIS_URL": kungfutest.RedisURL(), "DOJO_REDIS_PREFIX": pfx}
+		maps.Copy(e, extra)
+		return e
+	}
+	return startServe(t, env()), startServe(t, env())
 }
 
 // call invokes a tool over HTTP JSON; the envelope gains http_status.
@@ -213,12 +237,7 @@ func stopGracefully(t *testing.T, s *server) {
 
 func TestTwoServersShareRateLimits(t *testing.T) {
 	t.Parallel()
-	dsn := kungfutest.DatabaseURL(t)
-	pfx := kungfutest.RedisPrefix(t)
-	mk := func() map[string]string {
-		return map[string]string{"DATABASE_URL": dsn, "REDIS_URL": kungfutest.RedisURL(), "DOJO_REDIS_PREFIX": pfx, "DOJO_RATE_LIMITS": "push=3/1h"}
-	}
-	a, b := startServe(t, mk()), startServe(t, mk())
+	a, b := twoServes(t, map[string]string{"DOJO_RATE_LIMITS": "push=3/1h"})
 	reg := call(t, a.base, "", "account_register", map[string]any{"name": "shared_limit", "password": "secret1"})
 	key, _ := reg["api_key"].(string)
 	if key == "" {

@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"testing"
 	"time"
-
-	"github.com/dojo-relay/dojo/kungfu/kungfutest"
 )
 
 // TestResetKeyStopsOnOtherProcess: a key reset through one `dojo serve`
@@ -17,12 +15,7 @@ import (
 // B just before the reset, so anything B remembered of it would show.
 func TestResetKeyStopsOnOtherProcess(t *testing.T) {
 	t.Parallel()
-	dsn := kungfutest.DatabaseURL(t)
-	pfx := kungfutest.RedisPrefix(t)
-	mk := func() map[string]string {
-		return map[string]string{"DATABASE_URL": dsn, "REDIS_URL": kungfutest.RedisURL(), "DOJO_REDIS_PREFIX": pfx}
-	}
-	a, b := startServe(t, mk()), startServe(t, mk())
+	a, b := twoServes(t, nil)
 	reg := mustCall(t, a.base, "", "account_register", map[string]any{"name": "reset_twice", "password": "secret-pw1"})
 	old, _ := reg["api_key"].(string)
 	put := mustCall(t, b.base, old, "memory_put", map[string]any{"title": "t", "tags": []string{"x"}, "content": "a memory read across a key reset, long enough to keep"})
