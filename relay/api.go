@@ -6,15 +6,13 @@ import (
 	"net/http"
 	"strconv"
 
-	"github.com/gorilla/mux"
-
 	"github.com/dojo-relay/dojo/kungfu"
 )
 
 // serveAPI is the HTTP JSON twin: POST /api/v1/<tool>, one JSON object in,
 // one envelope out, the HTTP status taken from the error table.
 func (s *Server) serveAPI(w http.ResponseWriter, r *http.Request) {
-	name := mux.Vars(r)["tool"]
+	name := toolName(r)
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		env := refusal(kungfu.Errorf(kungfu.CodeInvalidRequest, "use POST with a JSON object body"))

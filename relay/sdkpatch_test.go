@@ -23,8 +23,10 @@ const patchedSDK = "v1.8.0"
 const sdkPath = "github.com/modelcontextprotocol/go-sdk"
 
 // TestSDKPatchStillNeeded fails when go.mod requires another go-sdk than
-// the one patched, or when upstream's internal/json.Unmarshal no longer
-// builds a Decoder per call: then the replace line is dead weight.
+// the one patched, when upstream no longer has what one of the two changes
+// works around (internal/json.Unmarshal building a Decoder per call,
+// internal/jsonrpc2.jsonMarshal running encoding/json's Encoder), or when
+// the copy lost a change.
 func TestSDKPatchStillNeeded(t *testing.T) {
 	mod, err := os.ReadFile("../go.mod")
 	if err != nil {
@@ -77,16 +79,36 @@ func TestSDKPatchStillNeeded(t *testing.T) {
 		t.Fatalf("upstream %s internal/json/json.go has no func Unmarshal; re-check the patch", required)
 	}
 	if !strings.Contains(unmarshal, "NewDecoder(bytes.NewReader(data))") {
-		t.Fatalf("upstream no longer builds a Decoder per Unmarshal: drop the replace (third_party/go-sdk/PATCH.md)\n%s", unmarshal)
+		t.Errorf("upstream no longer builds a Decoder per Unmarshal: drop that change (third_party/go-sdk/PATCH.md)\n%s", unmarshal)
 	}
 
-	// And the copy still carries the patch.
+	// The second change: jsonMarshal and EncodeMessage skip encoding/json's
+	// re-scan of compact JSON. It is needed while upstream's jsonMarshal
+	// runs encoding/json's Encoder.
+	src, err = os.ReadFile(filepath.Join(dl.Dir, "internal", "jsonrpc2", "messages.go"))
+	if err != nil {
+		t.Fatalf("upstream internal/jsonrpc2 moved: %v; re-check the patch", err)
+	}
+	if marshal := funcBody(string(src), "func jsonMarshal("); !strings.Contains(marshal, "json.NewEncoder(") {
+		t.Errorf("upstream jsonMarshal no longer runs encoding/json's Encoder: drop that change (third_party/go-sdk/PATCH.md)\n%s", marshal)
+	}
+
+	// And the copy still carries both changes.
 	ours, err := os.ReadFile("../third_party/go-sdk/internal/json/json.go")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if mine := funcBody(string(ours), "func Unmarshal("); strings.Contains(mine, "NewDecoder(bytes.NewReader(data))") && !strings.Contains(mine, "json.Parse(") {
-		t.Fatalf("third_party/go-sdk lost its patch:\n%s", mine)
+		t.Errorf("third_party/go-sdk lost its Unmarshal patch:\n%s", mine)
+	}
+	ours, err = os.ReadFile("../third_party/go-sdk/internal/jsonrpc2/messages.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sig := range []string{"func jsonMarshal(", "func EncodeMessage("} {
+		if mine := funcBody(string(ours), sig); !strings.Contains(mine, "isCompact(") {
+			t.Errorf("third_party/go-sdk lost its patch of %s):\n%s", sig, mine)
+		}
 	}
 }
 

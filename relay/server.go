@@ -96,6 +96,11 @@ func New(cfg Config, d Deps) *Server {
 // Handler returns the HTTP routes.
 func (s *Server) Handler() http.Handler {
 	r := mux.NewRouter()
+	// Tool calls are most of the traffic. Matched first, by name, they
+	// skip the regexps of every route below; a name that is no tool falls
+	// through to the hub's fixed paths and then to /api/v1/{tool}, which
+	// answers UNKNOWN_TOOL.
+	r.MatcherFunc(s.isToolPath).HandlerFunc(s.serveAPI)
 	r.Handle("/mcp", s.mcpHandler())
 	// The hub's fixed paths come before /api/v1/{tool}, which would
 	// otherwise take /api/v1/agents and /api/v1/tasks for tool names.
@@ -110,6 +115,24 @@ func (s *Server) Handler() http.Handler {
 	r.PathPrefix("/docs").HandlerFunc(s.serveDocs).Methods(http.MethodGet, http.MethodHead)
 	r.HandleFunc("/", s.serveIndex).Methods(http.MethodGet, http.MethodHead)
 	return r
+}
+
+// isToolPath matches /api/v1/<name of a tool>.
+func (s *Server) isToolPath(r *http.Request, _ *mux.RouteMatch) bool {
+	name, ok := strings.CutPrefix(r.URL.Path, "/api/v1/")
+	if !ok {
+		return false
+	}
+	_, known := s.tools.Lookup(name)
+	return known
+}
+
+// toolName is the tool an /api/v1/ path names.
+func toolName(r *http.Request) string {
+	if name := mux.Vars(r)["tool"]; name != "" {
+		return name
+	}
+	return strings.TrimPrefix(r.URL.Path, "/api/v1/")
 }
 
 // call runs one tool for who: authorization, rate limit, argument

@@ -187,6 +187,7 @@ type benchRun struct {
 	c        benchConfig
 	id       string
 	hc       *http.Client
+	wire     *wireClient
 	db       *pgxpool.Pool
 	table    string
 	clients  []benchAccount
@@ -207,11 +208,12 @@ func runBench(ctx context.Context, c benchConfig) (*report, error) {
 	if c.UnlimitedURL != "" {
 		work = c.UnlimitedURL
 	}
-	b := &benchRun{c: c, id: randomHex(4), work: work,
+	b := &benchRun{c: c, id: randomHex(4), work: work, wire: newWireClient(),
 		hc: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
 			MaxIdleConns: 4 * c.Clients, MaxIdleConnsPerHost: 2 * c.Clients, DisableCompression: true,
 		}}}
 	defer b.hc.CloseIdleConnections()
+	defer b.wire.close()
 	rep := &report{Date: time.Now().UTC(), Clients: c.Clients, Duration: c.Duration, Warmup: c.Warmup, LimitsOff: c.UnlimitedURL != "",
 		GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), CPU: cpuModel()}
 	if err := b.openDatabase(ctx, rep); err != nil {
@@ -328,10 +330,20 @@ func (b *benchRun) call(ctx context.Context, base, key, tool string, body []byte
 	return raw, verdict(tool, status, raw, `"ok":true`)
 }
 
-// mcpCall posts one JSON-RPC tools/call to /mcp, as a stateless
-// Streamable HTTP client does: no session, no initialize.
-func (b *benchRun) mcpCall(ctx context.Context, key string, body []byte) error {
-	raw, status, err := b.post(ctx, b.work+"/mcp", key, body, true)
+// callAs is call on worker w's own connection (wireClient), as the
+// measured windows make their calls.
+func (b *benchRun) callAs(ctx context.Context, w int, base, key, tool string, body []byte) error {
+	raw, status, err := b.wire.post(ctx, w, base, "/api/v1/"+tool, key, body, false)
+	if err != nil {
+		return err
+	}
+	return verdict(tool, status, raw, `"ok":true`)
+}
+
+// mcpCall posts one JSON-RPC tools/call to /mcp on worker w's connection,
+// as a stateless Streamable HTTP client does: no session, no initialize.
+func (b *benchRun) mcpCall(ctx context.Context, w int, key string, body []byte) error {
+	raw, status, err := b.wire.post(ctx, w, b.work, "/mcp", key, body, true)
 	if err != nil {
 		return err
 	}
@@ -446,7 +458,7 @@ func (b *benchRun) setup(ctx context.Context) error {
 		}
 		return err
 	}
-	if err := b.mcpCall(ctx, a.key, b.mcpGet(a, 0)); err != nil {
+	if err := b.mcpCall(ctx, 0, a.key, b.mcpGet(a, 0)); err != nil {
 		return err
 	}
 	if b.c.UnlimitedURL != "" {
@@ -509,7 +521,7 @@ func (b *benchRun) mcpGet(a benchAccount, i int64) []byte {
 func (b *benchRun) submit(ctx context.Context, w int, i int64) error {
 	a := b.clients[w]
 	body := fmt.Appendf(nil, `{"code":"%s","request_key":"%s-%d-%d","payload":{"n":%d}}`, a.task, b.id, w, i, i)
-	raw, status, err := b.post(ctx, b.work+"/api/v1/work_submit", a.key, body, false)
+	raw, status, err := b.wire.post(ctx, w, b.work, "/api/v1/work_submit", a.key, body, false)
 	if err != nil {
 		return err
 	}
@@ -541,19 +553,17 @@ func (b *benchRun) measureAll(ctx context.Context, rep *report) error {
 	}
 	get := func(base string) func(ctx context.Context, w int, _ int64) error {
 		return func(ctx context.Context, w int, _ int64) error {
-			_, err := b.call(ctx, base, b.clients[w].key, "memory_get", b.httpGet(b.clients[w]))
-			return err
+			return b.callAs(ctx, w, base, b.clients[w].key, "memory_get", b.httpGet(b.clients[w]))
 		}
 	}
 	mcpGet := func(ctx context.Context, w int, i int64) error {
-		return b.mcpCall(ctx, b.clients[w].key, b.mcpGet(b.clients[w], i))
+		return b.mcpCall(ctx, w, b.clients[w].key, b.mcpGet(b.clients[w], i))
 	}
 	works := []workload{
 		{"get", "memory_get HTTP JSON", get(b.work), 0.5},
 		{"thread_post", "thread_post, own rooms", func(ctx context.Context, w int, i int64) error {
 			a := b.clients[w]
-			_, err := b.call(ctx, b.work, a.key, "thread_post", fmt.Appendf(nil, `{"thread":"%s","content":"status update number %d","ask":[]}`, a.room, i))
-			return err
+			return b.callAs(ctx, w, b.work, a.key, "thread_post", fmt.Appendf(nil, `{"thread":"%s","content":"status update number %d","ask":[]}`, a.room, i))
 		}, 0.15},
 		{"work_submit", "work_submit → settled, one task per client", b.submit, 0.08},
 	}

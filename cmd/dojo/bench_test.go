@@ -3,8 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -112,4 +117,80 @@ func lineWith(text, s string) string {
 func isNumber(s string) bool {
 	_, err := strconv.ParseFloat(s, 64)
 	return err == nil
+}
+
+// TestWireClient checks the measured windows' HTTP client against a real
+// net/http server: headers sent, bodies read whole whether sized or
+// chunked, and a connection the server closes is dialled again.
+func TestWireClient(t *testing.T) {
+	var conns atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		if r.Method != http.MethodPost || r.Header.Get("Authorization") != "Bearer k1" || r.Header.Get("Content-Type") != "application/json" {
+			http.Error(w, "bad request line or headers", http.StatusBadRequest)
+			return
+		}
+		switch r.URL.Path {
+		case "/base/mcp":
+			if r.Header.Get("Mcp-Protocol-Version") == "" || !strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+				http.Error(w, "no MCP headers", http.StatusBadRequest)
+				return
+			}
+			_, _ = w.Write(body)
+		case "/base/chunked":
+			for range 3 {
+				_, _ = w.Write([]byte(strings.Repeat("x", 4096)))
+				w.(http.Flusher).Flush()
+			}
+		case "/base/close":
+			w.Header().Set("Connection", "close")
+			_, _ = w.Write([]byte("bye"))
+		default:
+			w.WriteHeader(http.StatusTeapot)
+			_, _ = w.Write(body)
+		}
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	wc := newWireClient()
+	defer wc.close()
+	ctx := context.Background()
+	base := srv.URL + "/base"
+
+	raw, status, err := wc.post(ctx, 0, base, "/mcp", "k1", []byte(`{"a":1}`), true)
+	if err != nil || status != http.StatusOK || string(raw) != `{"a":1}` {
+		t.Fatalf("mcp: %d %q %v", status, raw, err)
+	}
+	raw, status, err = wc.post(ctx, 0, base, "/other", "k1", []byte(`{}`), false)
+	if err != nil || status != http.StatusTeapot || string(raw) != `{}` {
+		t.Fatalf("other: %d %q %v", status, raw, err)
+	}
+	raw, status, err = wc.post(ctx, 0, base, "/chunked", "k1", nil, false)
+	if err != nil || status != http.StatusOK || len(raw) != 3*4096 {
+		t.Fatalf("chunked: %d, %d bytes, %v", status, len(raw), err)
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("%d connections for three calls on one worker, want 1", n)
+	}
+	if _, _, err := wc.post(ctx, 1, base, "/other", "k1", nil, false); err != nil {
+		t.Fatal(err)
+	}
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("%d connections after a second worker's call, want 2", n)
+	}
+	raw, status, err = wc.post(ctx, 0, base, "/close", "k1", nil, false)
+	if err != nil || status != http.StatusOK || string(raw) != "bye" {
+		t.Fatalf("close: %d %q %v", status, raw, err)
+	}
+	if _, _, err := wc.post(ctx, 0, base, "/other", "k1", nil, false); err != nil {
+		t.Fatalf("after the server closed: %v", err)
+	}
+	if n := conns.Load(); n != 3 {
+		t.Fatalf("%d connections, want 3: a closed connection is dialled again", n)
+	}
 }

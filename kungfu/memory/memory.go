@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -107,26 +108,33 @@ func (s *Service) create(ctx context.Context, who kungfu.Caller, d Draft, origin
 // and yields its id. A code collision yields no row (ON CONFLICT) instead
 // of an error, so the caller's transaction stays usable for another draw
 // without a savepoint.
-const insertSQL = `WITH m AS (INSERT INTO memories (code, account_id, origin, revision, created_at, updated_at)
+const insertSQL = `WITH ` + insertItems + ` SELECT id FROM m`
+
+// insertItems is the single source of what a new memory's rows hold, for
+// insertSQL and for statements that go on to use the memory (InsertItems).
+const insertItems = `m AS (INSERT INTO memories (code, account_id, origin, revision, created_at, updated_at)
 	      VALUES ($1, $2, $3, 1, $4, $4) ON CONFLICT (code) DO NOTHING RETURNING id),
 	 v AS (INSERT INTO memory_revisions (memory_id, revision, title, tags, description, content, checksum, created_at)
-	      SELECT id, 1, $5, $6, $7, $8, $9, $4 FROM m)
-	 SELECT id FROM m`
+	      SELECT id, 1, $5, $6, $7, $8, $9, $4 FROM m)`
 
-// QueueInsert adds to b the insert of a new memory under a freshly drawn
-// code, so a caller can send it with statements that use the memory in one
-// round trip, and returns the memory as it will be. Its result row is the
-// new id, or no row when the code was taken: then nothing was written and
-// the caller draws again.
-func QueueInsert(b *pgx.Batch, accountID int64, origin string, d Draft, now time.Time) Memory {
-	m, args := draft(accountID, origin, d, now)
-	b.Queue(insertSQL, args...)
-	return m
+var placeholder = regexp.MustCompile(`\$[0-9]+`)
+
+// InsertItems returns insertSQL's WITH items, m and v, with placeholders
+// numbered from $first, so a caller can write a new memory and what pins
+// it in one statement (and pay one executor start-up, not two). m yields
+// the new id, or no row when the code was taken: then v writes nothing,
+// and neither should anything the caller derives from m; the caller draws
+// again. Prepare gives the arguments.
+func InsertItems(first int) string {
+	return placeholder.ReplaceAllStringFunc(insertItems, func(p string) string {
+		n, _ := strconv.Atoi(p[1:])
+		return "$" + strconv.Itoa(n+first-1)
+	})
 }
 
-// draft is a new memory at revision 1 under a fresh code, with insertSQL's
-// arguments.
-func draft(accountID int64, origin string, d Draft, now time.Time) (Memory, []any) {
+// Prepare draws a fresh code for a new memory at revision 1 and returns
+// the memory as it will be, with insertSQL's (and InsertItems') arguments.
+func Prepare(accountID int64, origin string, d Draft, now time.Time) (Memory, []any) {
 	sum := sha256.Sum256([]byte(d.Content))
 	m := Memory{
 		Code: newCode(), OwnerID: accountID, Current: 1, Visibility: "private", Status: "active", Origin: origin,
@@ -136,12 +144,12 @@ func draft(accountID int64, origin string, d Draft, now time.Time) (Memory, []an
 	return m, []any{m.Code, accountID, origin, now, m.Title, m.Tags, m.Description, m.Content, m.Checksum}
 }
 
-// Insert stores a new memory at revision 1 inside tx. Rooms use it (or
-// QueueInsert) with origin "thread" for entry content, in the entry's own
-// transaction.
+// Insert stores a new memory at revision 1 inside tx. Rooms store entry
+// content with origin "thread" through InsertItems instead, in the
+// statement that writes the entry.
 func Insert(ctx context.Context, tx pgx.Tx, accountID int64, origin string, d Draft, now time.Time) (Memory, error) {
 	for range 5 {
-		m, args := draft(accountID, origin, d, now)
+		m, args := Prepare(accountID, origin, d, now)
 		err := tx.QueryRow(ctx, insertSQL, args...).Scan(&m.ID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // code collision: draw again

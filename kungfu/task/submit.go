@@ -98,7 +98,7 @@ func limited(r row, n int, oldest *time.Time, now time.Time) error {
 // and harness revisions. Claiming again returns the active claim.
 func (s *Service) ClaimTask(ctx context.Context, who kungfu.Caller, code string) (Claim, error) {
 	var out Claim
-	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+	err := kungfu.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 		r, err := load(ctx, tx, who, code, true)
 		if err != nil {
 			return err
@@ -190,7 +190,7 @@ func (s *Service) claimByID(ctx context.Context, tx pgx.Tx, who kungfu.Caller, c
 // Renew extends an active claim up to its deadline while the task is open.
 func (s *Service) Renew(ctx context.Context, who kungfu.Caller, claimID string) (Claim, error) {
 	var out Claim
-	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+	err := kungfu.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 		r, c, err := s.claimByID(ctx, tx, who, claimID)
 		if err != nil {
 			return err
@@ -213,7 +213,7 @@ func (s *Service) Renew(ctx context.Context, who kungfu.Caller, claimID string) 
 // Release gives an active claim's reservation back.
 func (s *Service) Release(ctx context.Context, who kungfu.Caller, claimID string) (Claim, error) {
 	var out Claim
-	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+	err := kungfu.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 		r, c, err := s.claimByID(ctx, tx, who, claimID)
 		if err != nil {
 			return err
@@ -256,7 +256,7 @@ func (s *Service) ExpireClaims(ctx context.Context, limit int) (int, error) {
 	}
 	n := 0
 	for _, d := range list {
-		err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+		err := kungfu.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, `SELECT 1 FROM tasks WHERE id = $1 FOR UPDATE`, d.task); err != nil {
 				return err
 			}
@@ -369,7 +369,7 @@ func (s *Service) Submit(ctx context.Context, who kungfu.Caller, in SubmitInput)
 		d        *Delivery
 		existing bool
 	)
-	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+	err := kungfu.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 		var (
 			err           error
 			id            int64
@@ -677,7 +677,7 @@ func classify(o Outcome) (state, failure string) {
 func (s *Service) record(ctx context.Context, id int64, attempt int, o Outcome) (Result, error) {
 	var res Result
 	var wake *time.Time
-	err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+	err := kungfu.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 		var taskID, claimID, accountID, amount int64
 		var code, state string
 		var attempts int

@@ -213,7 +213,8 @@ type pinned struct {
 // speakTail writes an entry and everything riding it in one statement:
 // the room's sequence moves on, the asked members' receipts are created,
 // and the author's own receipt on the entry replied to is fulfilled. It
-// follows a CTE m that yields the pinned memory's id, from $9.
+// follows a CTE m that yields the pinned memory's id; when m is empty,
+// nothing is written and no row comes back.
 const speakTail = `
 	n AS (UPDATE threads SET next_seq = next_seq + 1 WHERE id = $1 AND EXISTS (SELECT 1 FROM m)),
 	e AS (INSERT INTO thread_entries (thread_id, seq, author_id, memory_id, revision, summary, reply_to, created_at)
@@ -224,19 +225,22 @@ const speakTail = `
 	      WHERE entry_id = $6 AND account_id = $3 AND state = 'pending' AND EXISTS (SELECT 1 FROM e) RETURNING 1)
 	SELECT e.id, (SELECT count(*) FROM f) FROM e`
 
-const (
+var (
 	// speakPinned pins an existing memory: $9 is its id.
 	speakPinned = `WITH m AS (SELECT $9::bigint AS id),` + speakTail
-	// speakNew pins the thread memory queued just before it in the same
-	// batch: $9 is its code. Only a row this very post wrote matches (the
-	// author, the origin and the transaction's time), so if the code was
-	// taken and nothing was written, m is empty and so is everything else.
-	speakNew = `WITH m AS (SELECT id FROM memories WHERE code = $9 AND account_id = $3 AND origin = 'thread' AND created_at = $7),` + speakTail
+	// speakNew stores new content as a thread memory, from $9 on, and pins
+	// it, in one statement: one executor start-up instead of two. The
+	// entry's foreign keys are checked at the end of the statement, so they
+	// see the memory written by its own CTEs. A taken code leaves m empty.
+	speakNew = `WITH ` + memory.InsertItems(9) + `,` + speakTail
 )
+
+// drawMemory is memory.Prepare; a test swaps it to force a code collision.
+var drawMemory = memory.Prepare
 
 // speak writes the entry at the room's next seq and returns its id, the
 // pinned memory's code and how many receipts the reply fulfilled. New
-// content is stored as memory_put would store it, in the same round trip.
+// content is stored as memory_put would store it, in the same statement.
 func (w *write) speak(ctx context.Context, r room, pin pinned, summary string, replyTo *int64, asked []int64) (int64, string, int, error) {
 	args := []any{r.ID, r.NextSeq, w.who.AccountID, pin.rev, summary, replyTo, w.now, asked}
 	var entry int64
@@ -246,20 +250,14 @@ func (w *write) speak(ctx context.Context, r room, pin pinned, summary string, r
 		return entry, pin.code, fulfilled, err
 	}
 	for range 5 {
-		b := &pgx.Batch{}
-		m := memory.QueueInsert(b, w.who.AccountID, "thread", memory.Draft{
+		m, margs := drawMemory(w.who.AccountID, "thread", memory.Draft{
 			Title: pin.title, Tags: []string{"thread"}, Content: *pin.content,
 		}, w.now)
-		b.Queue(speakNew, append(args, m.Code)...)
-		br := w.tx.SendBatch(ctx, b)
-		var id int64
-		ierr := br.QueryRow().Scan(&id)
-		serr := br.QueryRow().Scan(&entry, &fulfilled)
-		cerr := br.Close()
-		if errors.Is(ierr, pgx.ErrNoRows) && errors.Is(serr, pgx.ErrNoRows) && cerr == nil {
+		err := w.tx.QueryRow(ctx, speakNew, append(args[:len(args):len(args)], margs...)...).Scan(&entry, &fulfilled)
+		if errors.Is(err, pgx.ErrNoRows) {
 			continue // memory code collision: nothing was written; draw again
 		}
-		if err := errors.Join(ierr, serr, cerr); err != nil {
+		if err != nil {
 			return 0, "", 0, err
 		}
 		return entry, m.Code, fulfilled, nil

@@ -127,7 +127,7 @@ func (s *Service) run(ctx context.Context, who kungfu.Caller, tool string, idem 
 			w       *write
 			refusal error
 		)
-		err := pgx.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
+		err := kungfu.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
 			w = &write{tx: tx, now: s.Now(), who: who, s: s}
 			if idem.Key != "" {
 				var hash []byte

@@ -9,8 +9,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 
 	internaljson "github.com/modelcontextprotocol/go-sdk/internal/json"
+	segjson "github.com/segmentio/encoding/json"
 )
 
 // ID is a Request identifier, which is defined by the spec to be a string, integer, or null.
@@ -148,6 +150,23 @@ func toWireError(err error) *WireError {
 func EncodeMessage(msg Message) ([]byte, error) {
 	wire := wireCombined{VersionTag: wireVersion}
 	msg.marshal(&wire)
+	// The Result or Params, the last field on the wire, is usually the
+	// output of marshalToRaw. encoding/json would scan it again only to copy
+	// it, so when it is already compact, encode the rest and append it.
+	raw, key := &wire.Result, `,"result":`
+	if len(wire.Result) == 0 {
+		raw, key = &wire.Params, `,"params":`
+	}
+	if wire.Error == nil && (len(wire.Params) == 0 || len(wire.Result) == 0) && isCompact(*raw) {
+		tail := *raw
+		*raw = nil
+		if data, err := jsonMarshal(&wire); err == nil {
+			data = append(data[:len(data)-1], key...)
+			data = append(data, tail...)
+			return append(data, '}'), nil
+		}
+		*raw = tail
+	}
 	data, err := jsonMarshal(&wire)
 	if err != nil {
 		return nil, fmt.Errorf("marshaling jsonrpc message: %w", err)
@@ -235,6 +254,26 @@ func marshalToRaw(obj any) (json.RawMessage, error) {
 
 // jsonMarshal marshals obj to JSON like json.Marshal but without HTML escaping.
 func jsonMarshal(obj any) ([]byte, error) {
+	// Results such as mcp.CallToolResult are Marshalers whose output is
+	// already compact; encoding/json would validate and compact it with its
+	// slow scanner. This does what its marshalerEncoder does, without the
+	// scan when the output is compact already.
+	if m, ok := obj.(json.Marshaler); ok {
+		if v := reflect.ValueOf(obj); v.Kind() == reflect.Pointer && v.IsNil() {
+			return []byte("null"), nil
+		}
+		b, err := m.MarshalJSON()
+		if err == nil {
+			if isCompact(b) {
+				return bytes.Clone(b), nil
+			}
+			var buf bytes.Buffer
+			if err = json.Compact(&buf, b); err == nil {
+				return buf.Bytes(), nil
+			}
+		}
+		return nil, &json.MarshalerError{Type: reflect.TypeOf(obj), Err: err}
+	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -243,4 +282,33 @@ func jsonMarshal(obj any) ([]byte, error) {
 	}
 	// json.Encoder.Encode adds a trailing newline. Trim it to be consistent with json.Marshal.
 	return bytes.TrimRight(buf.Bytes(), "\n"), nil
+}
+
+// isCompact reports whether encoding/json's compaction would return data
+// unchanged and without error: one valid JSON value, no space outside
+// strings, nested no deeper than encoding/json's scanner allows (10000).
+// segmentio's Valid accepts a subset of what that scanner accepts
+// (FuzzJSONMarshalMatchesEncodingJSON checks it) and is several times
+// faster.
+func isCompact(data []byte) bool {
+	depth := 0
+	for i := 0; i < len(data); i++ {
+		switch data[i] {
+		case ' ', '\t', '\r', '\n':
+			return false
+		case '{', '[':
+			if depth++; depth > 10000 {
+				return false
+			}
+		case '}', ']':
+			depth--
+		case '"':
+			for i++; i < len(data) && data[i] != '"'; i++ {
+				if data[i] == '\\' {
+					i++
+				}
+			}
+		}
+	}
+	return segjson.Valid(data)
 }

@@ -1,0 +1,274 @@
+package kungfu
+
+import (
+	"context"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// BeginFunc is pgx.BeginFunc on one of db's connections, minus the round
+// trip BEGIN spends on its own: BEGIN travels in one batch with the
+// transaction's first statement (or first batch). PostgreSQL makes the
+// batch's implicit transaction explicit at BEGIN, so everything after it
+// behaves as in a transaction begun apart. fn sending nothing sends no
+// BEGIN and no COMMIT.
+func BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) (err error) {
+	c, err := db.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// The pool destroys a connection released busy or inside a
+	// transaction, e.g. after a failed rollback.
+	defer c.Release()
+	t := &lazyTx{conn: c.Conn()}
+	defer func() {
+		if rerr := t.Rollback(ctx); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) {
+			err = rerr
+		}
+	}()
+	if err := fn(t); err != nil {
+		_ = t.Rollback(ctx) // fn's error is the one to report
+		return err
+	}
+	return t.Commit(ctx)
+}
+
+// lazyTx is a pgx.Tx that begins with its first statement. Once BEGIN is
+// sent, real is pgx's own transaction and every call goes to it.
+type lazyTx struct {
+	conn *pgx.Conn
+	real pgx.Tx
+}
+
+// begin sends queued with BEGIN ahead of it, and reads BEGIN's result: an
+// error stays in the results and meets the caller's first read.
+func (t *lazyTx) begin(ctx context.Context, queued ...*pgx.QueuedQuery) pgx.BatchResults {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.QueuedQueries = append(b.QueuedQueries, queued...)
+	br := t.conn.SendBatch(ctx, b)
+	t.real = br.Tx()
+	_, _ = br.Exec()
+	return br
+}
+
+// start sends BEGIN on its own, for the calls a batch cannot carry.
+func (t *lazyTx) start(ctx context.Context) error {
+	if t.real != nil {
+		return nil
+	}
+	real, err := t.conn.Begin(ctx)
+	if err != nil {
+		t.real = closedTx()
+		return err
+	}
+	t.real = real
+	return nil
+}
+
+// closedTx is a transaction that is over: every call returns
+// pgx.ErrTxClosed.
+func closedTx() pgx.Tx {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	return pgx.FailedBatchResults(b, pgx.ErrTxClosed).Tx()
+}
+
+// batchable reports whether a statement can ride in a batch: a batch takes
+// no per-statement exec mode or result formats.
+func batchable(args []any) bool {
+	if len(args) == 0 {
+		return true
+	}
+	switch args[0].(type) {
+	case pgx.QueryExecMode, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+		return false
+	}
+	return true
+}
+
+// single returns a statement's error as the statement alone would have:
+// pgx wraps a batch's prepare and encode errors.
+func single(err error) error {
+	var pe pgx.ErrPreprocessingBatch
+	if errors.As(err, &pe) {
+		return pe.Unwrap()
+	}
+	return err
+}
+
+func (t *lazyTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	// Without arguments pgx sends the simple protocol, whose SQL may hold
+	// several statements; a batch takes one each.
+	if t.real == nil && len(args) > 0 && batchable(args) {
+		br := t.begin(ctx, &pgx.QueuedQuery{SQL: sql, Arguments: args})
+		tag, err := br.Exec()
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return tag, single(err)
+	}
+	if err := t.start(ctx); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return t.real.Exec(ctx, sql, args...)
+}
+
+func (t *lazyTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.real == nil && batchable(args) {
+		br := t.begin(ctx, &pgx.QueuedQuery{SQL: sql, Arguments: args})
+		inner, err := br.Query()
+		r := &firstRows{Rows: inner, br: br}
+		if err != nil {
+			r.Close()
+			return r, single(err)
+		}
+		return r, nil
+	}
+	if err := t.start(ctx); err != nil {
+		rows, _ := t.real.Query(ctx, sql, args...)
+		return rows, err
+	}
+	return t.real.Query(ctx, sql, args...)
+}
+
+func (t *lazyTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.real == nil && batchable(args) {
+		br := t.begin(ctx, &pgx.QueuedQuery{SQL: sql, Arguments: args})
+		return firstRow{br: br, row: br.QueryRow()}
+	}
+	if err := t.start(ctx); err != nil {
+		return errRow{err}
+	}
+	return t.real.QueryRow(ctx, sql, args...)
+}
+
+func (t *lazyTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	switch {
+	case t.real != nil:
+		return t.real.SendBatch(ctx, b)
+	case len(b.QueuedQueries) == 0:
+		return t.conn.SendBatch(ctx, b) // sends nothing, as in a transaction
+	}
+	return batchResults{t.begin(ctx, b.QueuedQueries...)}
+}
+
+func (t *lazyTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.start(ctx); err != nil {
+		return nil, err
+	}
+	return t.real.Begin(ctx)
+}
+
+func (t *lazyTx) Commit(ctx context.Context) error {
+	if t.real == nil {
+		t.real = closedTx()
+		return nil
+	}
+	return t.real.Commit(ctx)
+}
+
+func (t *lazyTx) Rollback(ctx context.Context) error {
+	if t.real == nil {
+		t.real = closedTx()
+		return nil
+	}
+	return t.real.Rollback(ctx)
+}
+
+func (t *lazyTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.start(ctx); err != nil {
+		return 0, err
+	}
+	return t.real.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *lazyTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.start(ctx); err != nil {
+		return nil, err
+	}
+	return t.real.Prepare(ctx, name, sql)
+}
+
+// LargeObjects has no context to begin with; its objects live in the
+// transaction, so it must have begun.
+func (t *lazyTx) LargeObjects() pgx.LargeObjects {
+	_ = t.start(context.Background())
+	return t.real.LargeObjects()
+}
+
+func (t *lazyTx) Conn() *pgx.Conn { return t.conn }
+
+// firstRow is the first statement's row: scanning it finishes the batch
+// that carried BEGIN.
+type firstRow struct {
+	br  pgx.BatchResults
+	row pgx.Row
+}
+
+func (r firstRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	if cerr := r.br.Close(); err == nil {
+		err = cerr
+	}
+	return single(err)
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+// firstRows are the first statement's rows: closing them, or reading past
+// the last, finishes the batch that carried BEGIN.
+type firstRows struct {
+	pgx.Rows
+	br  pgx.BatchResults
+	err error
+}
+
+func (r *firstRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+func (r *firstRows) Scan(dest ...any) error {
+	err := r.Rows.Scan(dest...)
+	if err != nil {
+		r.Close() // pgx closed the rows; the batch must follow
+	}
+	return err
+}
+
+func (r *firstRows) Values() ([]any, error) {
+	v, err := r.Rows.Values()
+	if err != nil {
+		r.Close()
+	}
+	return v, err
+}
+
+func (r *firstRows) Close() {
+	r.Rows.Close()
+	if r.br != nil {
+		r.err = r.br.Close()
+		r.br = nil
+	}
+}
+
+func (r *firstRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return single(err)
+	}
+	return single(r.err)
+}
+
+// batchResults hides that the batch began the transaction.
+type batchResults struct{ pgx.BatchResults }
+
+func (batchResults) Tx() pgx.Tx { return nil }
