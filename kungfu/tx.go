@@ -41,6 +41,35 @@ func BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) (er
 type lazyTx struct {
 	conn *pgx.Conn
 	real pgx.Tx
+	// committed says a last batch (SendFinal) carried COMMIT and it
+	// succeeded: the transaction is over and BeginFunc has nothing to end.
+	committed bool
+}
+
+// SendFinal sends b as the last batch of a transaction begun by BeginFunc,
+// with COMMIT behind it in the same round trip, and returns its results;
+// COMMIT's own is read by Close. If a statement of b fails, PostgreSQL
+// skips the rest and COMMIT with them: the transaction stays open, aborted,
+// and BeginFunc rolls it back when fn returns the error, as ever. Once the
+// commit went through, every later statement of the transaction fails
+// with pgx.ErrTxClosed. On any other pgx.Tx, SendFinal is SendBatch and
+// the commit comes when fn returns.
+func SendFinal(ctx context.Context, tx pgx.Tx, b *pgx.Batch) pgx.BatchResults {
+	t, ok := tx.(*lazyTx)
+	if !ok || len(b.QueuedQueries) == 0 {
+		return tx.SendBatch(ctx, b)
+	}
+	b.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
+		// COMMIT of a transaction that failed answers ROLLBACK; in a
+		// batch it never runs then, but the tag is the proof either way.
+		if tag.String() != "COMMIT" {
+			return pgx.ErrTxCommitRollback
+		}
+		t.committed = true
+		t.real = closedTx()
+		return nil
+	})
+	return t.SendBatch(ctx, b)
 }
 
 // begin sends queued with BEGIN ahead of it, and reads BEGIN's result: an
@@ -164,6 +193,9 @@ func (t *lazyTx) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 func (t *lazyTx) Commit(ctx context.Context) error {
+	if t.committed {
+		return nil
+	}
 	if t.real == nil {
 		t.real = closedTx()
 		return nil
@@ -172,6 +204,9 @@ func (t *lazyTx) Commit(ctx context.Context) error {
 }
 
 func (t *lazyTx) Rollback(ctx context.Context) error {
+	if t.committed {
+		return nil
+	}
 	if t.real == nil {
 		t.real = closedTx()
 		return nil

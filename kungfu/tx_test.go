@@ -671,3 +671,115 @@ func TestBeginFuncContext(t *testing.T) {
 	}
 	db.clean(t)
 }
+
+func TestSendFinal(t *testing.T) {
+	t.Parallel()
+	db := newTxDB(t, 1)
+	ctx := context.Background()
+	insert := func(id int, v string) *pgx.Batch {
+		b := &pgx.Batch{}
+		b.Queue(`INSERT INTO t VALUES ($1, $2)`, id, v)
+		return b
+	}
+	// Warm the statement cache, COMMIT's included, so only executions count.
+	_ = kungfu.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		return kungfu.SendFinal(ctx, tx, insert(0, "warm")).Close()
+	})
+	db.reset(t)
+
+	// Alone, the whole transaction is one round trip.
+	if err := kungfu.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		return kungfu.SendFinal(ctx, tx, insert(1, "a")).Close()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := db.tr.take(); len(got) != 1 || len(got[0]) != 3 || got[0][0] != "begin" || got[0][2] != "COMMIT" {
+		t.Fatalf("round trips %q, want one: BEGIN, the insert, COMMIT", got)
+	}
+	if got := db.rows(t); got != "1=a" {
+		t.Fatalf("rows %q, want 1=a", got)
+	}
+
+	// After a first statement: two round trips, and the rows are there.
+	db.reset(t)
+	if err := kungfu.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO t VALUES ($1, $2)`, 1, "a"); err != nil {
+			return err
+		}
+		return kungfu.SendFinal(ctx, tx, insert(2, "b")).Close()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := db.tr.take(); len(got) != 2 {
+		t.Fatalf("round trips %q, want 2", got)
+	}
+	if got := db.rows(t); got != "1=a 2=b" {
+		t.Fatalf("rows %q, want 1=a 2=b", got)
+	}
+
+	// A failing statement skips COMMIT: nothing of the transaction stays.
+	db.reset(t)
+	err := kungfu.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO t VALUES ($1, $2)`, 1, "a"); err != nil {
+			return err
+		}
+		b := insert(2, "b")
+		b.Queue(`INSERT INTO t VALUES ($1, $2)`, 1, "dup")
+		return kungfu.SendFinal(ctx, tx, b).Close()
+	})
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		t.Fatalf("err %v, want the unique violation", err)
+	}
+	if got := db.rows(t); got != "" {
+		t.Fatalf("rows %q after a failed last batch, want none", got)
+	}
+	db.clean(t)
+
+	// fn ignoring that failure still commits nothing.
+	err = kungfu.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		b := insert(1, "a")
+		b.Queue(`INSERT INTO t VALUES ($1, $2)`, 1, "dup")
+		_ = kungfu.SendFinal(ctx, tx, b).Close()
+		return nil
+	})
+	if err == nil || db.rows(t) != "" {
+		t.Fatalf("err %v, rows %q: an aborted transaction must not report a commit", err, db.rows(t))
+	}
+	db.clean(t)
+
+	// Once committed, the transaction is over: later statements fail and
+	// write nothing, and an error from fn after it does not undo it.
+	db.reset(t)
+	late := errors.New("late")
+	var after error
+	err = kungfu.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		if err := kungfu.SendFinal(ctx, tx, insert(1, "a")).Close(); err != nil {
+			return err
+		}
+		_, after = tx.Exec(ctx, `INSERT INTO t VALUES ($1, $2)`, 2, "b")
+		return late
+	})
+	if !errors.Is(err, late) || !errors.Is(after, pgx.ErrTxClosed) {
+		t.Fatalf("err %v, statement after commit %v; want late and ErrTxClosed", err, after)
+	}
+	if got := db.rows(t); got != "1=a" {
+		t.Fatalf("rows %q, want 1=a: the commit stands", got)
+	}
+	db.clean(t)
+
+	// Outside BeginFunc it is SendBatch, and the commit comes as usual.
+	db.reset(t)
+	if err := pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		return kungfu.SendFinal(ctx, tx, insert(1, "a")).Close()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := db.tr.take(); len(got) != 3 {
+		t.Fatalf("round trips %q on a pgx transaction, want 3 (BEGIN, batch, COMMIT)", got)
+	}
+	if got := db.rows(t); got != "1=a" {
+		t.Fatalf("rows %q, want 1=a", got)
+	}
+	db.clean(t)
+}

@@ -409,8 +409,12 @@ func (s *Service) Submit(ctx context.Context, who kungfu.Caller, in SubmitInput)
 				return kungfu.Errorf(kungfu.CodeIdempotencyConflict, "request_key %q was used with a different payload", in.RequestKey)
 			}
 			existing = true
-			res, err = result(ctx, tx, r.Code, id, false)
-			return err
+			b := &pgx.Batch{}
+			b.Queue(resultSQL, id).QueryRow(func(row pgx.Row) error {
+				res, err = scanResult(row, r.Code, id)
+				return err
+			})
+			return kungfu.SendFinal(ctx, tx, b).Close()
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return err
@@ -505,14 +509,17 @@ func (s *Service) Submit(ctx context.Context, who kungfu.Caller, in SubmitInput)
 				t AS (UPDATE tasks SET reserved = reserved + $10 WHERE id = $1)`
 			args = append(args, amount, harness)
 		}
-		// One statement: the engagement, the submission and its first event.
-		if err := tx.QueryRow(ctx, `WITH `+claim+`,
+		// One statement, the transaction's last: the engagement, the
+		// submission and its first event.
+		b := &pgx.Batch{}
+		b.Queue(`WITH `+claim+`,
 			s AS (INSERT INTO submissions (task_id, account_id, claim_id, version, request_key, payload, payload_hash,
 				amount, state, revises, attempts, next_attempt_at, created_at)
 				SELECT $1, $2, c.id, $3, $4, $5, $6, c.amount, 'delivering', $7, 1, $8, $9 FROM c RETURNING id),
 			e AS (INSERT INTO submission_events (submission_id, seq, from_state, to_state, cause, at)
 				SELECT id, 1, NULL, 'delivering', 'submitted', $9 FROM s)
-			SELECT id FROM s`, args...).Scan(&id); err != nil {
+			SELECT id FROM s`, args...).QueryRow(func(row pgx.Row) error { return row.Scan(&id) })
+		if err := kungfu.SendFinal(ctx, tx, b).Close(); err != nil {
 			return err
 		}
 		d = &Delivery{SubmissionID: id, TaskCode: r.Code, URL: v.ReceiverURL, Body: s.body(id, r.Code, who.AccountID, payload)}
@@ -672,8 +679,8 @@ func classify(o Outcome) (state, failure string) {
 // record writes an attempt and its outcome. Locks go task, claim,
 // submission; a submission already settled by a concurrent writer keeps
 // that outcome, so money moves at most once. The locks are taken in one
-// round trip and the writes sent in another: a batch runs its statements
-// in order, so the lock order holds.
+// round trip and everything else, COMMIT included, sent in another: a
+// batch runs its statements in order, so the lock order holds.
 func (s *Service) record(ctx context.Context, id int64, attempt int, o Outcome) (Result, error) {
 	var res Result
 	var wake *time.Time
@@ -717,12 +724,21 @@ func (s *Service) record(ctx context.Context, id int64, attempt int, o Outcome) 
 		writes := &pgx.Batch{}
 		writes.Queue(`INSERT INTO delivery_attempts (submission_id, attempt, started_at, status, latency_ms, reply, error, outcome)
 			VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`, id, attempt, now.Add(-o.Latency), status, o.Latency.Milliseconds(), reply, errText, to)
-		// send runs the writes, then reads the result the caller gets.
-		send := func() error {
+		// send ends the transaction in one round trip: the writes, the
+		// result the caller gets, then after (the money and the pause, as
+		// they always ran last) and COMMIT. after's failures abort the
+		// batch, so a COMMIT behind them never runs.
+		send := func(after func(b *pgx.Batch) error) error {
+			n := writes.Len()
 			writes.Queue(resultSQL, id)
-			br := tx.SendBatch(ctx, writes)
+			if after != nil {
+				if err := after(writes); err != nil {
+					return err
+				}
+			}
+			br := kungfu.SendFinal(ctx, tx, writes)
 			var err error
-			for range writes.Len() - 1 {
+			for range n {
 				if _, e := br.Exec(); err == nil {
 					err = e
 				}
@@ -737,7 +753,7 @@ func (s *Service) record(ctx context.Context, id int64, attempt int, o Outcome) 
 			return err
 		}
 		if state != "delivering" && state != "uncertain" {
-			return send() // a concurrent writer's outcome stands
+			return send(nil) // a concurrent writer's outcome stands
 		}
 		from := state
 		switch {
@@ -753,7 +769,7 @@ func (s *Service) record(ctx context.Context, id int64, attempt int, o Outcome) 
 			if from != "uncertain" {
 				queueEvent(writes, id, &from, "uncertain", "no_answer", now)
 			}
-			return send()
+			return send(nil)
 		}
 		var fail *string
 		if failure != "" {
@@ -763,23 +779,22 @@ func (s *Service) record(ctx context.Context, id int64, attempt int, o Outcome) 
 			payload = NULL, next_attempt_at = NULL, terminal_at = $6 WHERE id = $1`, id, to, fail, status, reply, now)
 		cause := map[string]string{"settled": "accepted", "rejected": "rejected", "failed": strings.ToLower(failure)}[to]
 		queueEvent(writes, id, &from, to, cause, now)
-		if to == "settled" {
+		switch to {
+		case "settled":
 			writes.Queue(`UPDATE tasks SET reserved = reserved - $2, settled = settled + $2 WHERE id = $1`, taskID, amount)
-			if err := send(); err != nil {
-				return err
-			}
-			_, err := credits.Apply(ctx, tx, now, credits.Movement{AccountID: accountID, Type: credits.EarnTask, Amount: amount,
-				RefType: "task_submission", RefID: strconv.FormatInt(id, 10)})
-			return err
+			return send(func(b *pgx.Batch) error {
+				return credits.Queue(b, now, credits.Movement{AccountID: accountID, Type: credits.EarnTask, Amount: amount,
+					RefType: "task_submission", RefID: strconv.FormatInt(id, 10)})
+			})
+		case "failed":
+			writes.Queue(`UPDATE tasks SET reserved = reserved - $2 WHERE id = $1`, taskID, amount)
+			return send(func(b *pgx.Batch) error {
+				b.Queue(pauseSQL, taskID, now)
+				return nil
+			})
 		}
 		writes.Queue(`UPDATE tasks SET reserved = reserved - $2 WHERE id = $1`, taskID, amount)
-		if err := send(); err != nil {
-			return err
-		}
-		if to == "failed" {
-			return pauseOnFailures(ctx, tx, taskID, now)
-		}
-		return nil
+		return send(nil)
 	})
 	if err != nil {
 		return Result{}, err
@@ -790,16 +805,13 @@ func (s *Service) record(ctx context.Context, id int64, attempt int, o Outcome) 
 	return res, nil
 }
 
-// pauseOnFailures pauses an open task whose five most recent terminal
+// pauseSQL pauses an open task ($1) whose five most recent terminal
 // submissions all failed on the receiver's side.
-func pauseOnFailures(ctx context.Context, tx pgx.Tx, taskID int64, now time.Time) error {
-	_, err := tx.Exec(ctx, `UPDATE tasks SET status = 'paused', paused_reason = 'RECEIVER_FAULT', updated_at = $2
-		WHERE id = $1 AND status = 'open' AND 5 = (
-		  SELECT count(*) FROM (SELECT failure FROM submissions WHERE task_id = $1 AND terminal_at IS NOT NULL
-		                        ORDER BY terminal_at DESC, id DESC LIMIT 5) recent
-		  WHERE failure IN ('RECEIVER_PROTOCOL', 'RECEIVER_FAULT', 'RECEIVER_UNREACHABLE'))`, taskID, now)
-	return err
-}
+const pauseSQL = `UPDATE tasks SET status = 'paused', paused_reason = 'RECEIVER_FAULT', updated_at = $2
+	WHERE id = $1 AND status = 'open' AND 5 = (
+	  SELECT count(*) FROM (SELECT failure FROM submissions WHERE task_id = $1 AND terminal_at IS NOT NULL
+	                        ORDER BY terminal_at DESC, id DESC LIMIT 5) recent
+	  WHERE failure IN ('RECEIVER_PROTOCOL', 'RECEIVER_FAULT', 'RECEIVER_UNREACHABLE'))`
 
 // resultSQL reads a submission for its executor; scanResult scans it.
 const resultSQL = `SELECT state, amount, failure, response_code, response_body, version, created_at, terminal_at

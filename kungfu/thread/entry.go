@@ -168,7 +168,10 @@ func (s *Service) Post(ctx context.Context, who kungfu.Caller, in PostInput, ide
 			out.Asked = append(out.Asked, m.name)
 		}
 		var fulfilled int
-		if out.Entry, out.Memory, fulfilled, err = w.speak(ctx, r, pin, truncate(summary, MaxSummary), replyTo, ids); err != nil {
+		// Nothing follows a post that asks nobody and assigns nothing:
+		// its entry goes with COMMIT.
+		last := w.final && len(asked) == 0 && spec == nil
+		if out.Entry, out.Memory, fulfilled, err = w.speak(ctx, r, pin, truncate(summary, MaxSummary), replyTo, ids, last); err != nil {
 			return nil, err
 		}
 		out.Fulfilled = fulfilled == 1
@@ -241,28 +244,41 @@ var drawMemory = memory.Prepare
 // speak writes the entry at the room's next seq and returns its id, the
 // pinned memory's code and how many receipts the reply fulfilled. New
 // content is stored as memory_put would store it, in the same statement.
-func (w *write) speak(ctx context.Context, r room, pin pinned, summary string, replyTo *int64, asked []int64) (int64, string, int, error) {
+// When last, the statement carries the transaction's COMMIT. A memory code
+// that is taken writes nothing and answers errDrawAgain: run draws again
+// in a new transaction, since this one may have committed.
+func (w *write) speak(ctx context.Context, r room, pin pinned, summary string, replyTo *int64, asked []int64, last bool) (int64, string, int, error) {
 	args := []any{r.ID, r.NextSeq, w.who.AccountID, pin.rev, summary, replyTo, w.now, asked}
-	var entry int64
-	var fulfilled int
+	b := &pgx.Batch{}
+	code := pin.code
 	if pin.content == nil {
-		err := w.tx.QueryRow(ctx, speakPinned, append(args, pin.id)...).Scan(&entry, &fulfilled)
-		return entry, pin.code, fulfilled, err
-	}
-	for range 5 {
+		b.Queue(speakPinned, append(args, pin.id)...)
+	} else {
 		m, margs := drawMemory(w.who.AccountID, "thread", memory.Draft{
 			Title: pin.title, Tags: []string{"thread"}, Content: *pin.content,
 		}, w.now)
-		err := w.tx.QueryRow(ctx, speakNew, append(args[:len(args):len(args)], margs...)...).Scan(&entry, &fulfilled)
-		if errors.Is(err, pgx.ErrNoRows) {
-			continue // memory code collision: nothing was written; draw again
-		}
-		if err != nil {
-			return 0, "", 0, err
-		}
-		return entry, m.Code, fulfilled, nil
+		b.Queue(speakNew, append(args, margs...)...)
+		code = m.Code
 	}
-	return 0, "", 0, errors.New("create memory: could not draw a free code")
+	var br pgx.BatchResults
+	if last {
+		br = kungfu.SendFinal(ctx, w.tx, b)
+	} else {
+		br = w.tx.SendBatch(ctx, b)
+	}
+	var entry int64
+	var fulfilled int
+	err := br.QueryRow().Scan(&entry, &fulfilled)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if errors.Is(err, pgx.ErrNoRows) && pin.content != nil {
+		return 0, "", 0, errDrawAgain
+	}
+	if err != nil {
+		return 0, "", 0, err
+	}
+	return entry, code, fulfilled, nil
 }
 
 // lockMembers locks the room and reads its members (and the author of the

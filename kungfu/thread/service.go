@@ -74,9 +74,12 @@ type Snapshotter interface {
 
 // write is one room transaction plus what to do after it commits.
 type write struct {
-	tx    pgx.Tx
-	now   time.Time
-	who   kungfu.Caller
+	tx  pgx.Tx
+	now time.Time
+	who kungfu.Caller
+	// final says nothing is written after fn: no idempotency record
+	// follows, so fn's last statement may carry the COMMIT.
+	final bool
 	notes []int64
 	wakes []wake
 	s     *Service
@@ -121,6 +124,7 @@ func (c committed) Unwrap() error { return c.err }
 // stored in the same transaction as its facts; concurrent duplicates meet
 // at the primary key and the loser replays the winner.
 func (s *Service) run(ctx context.Context, who kungfu.Caller, tool string, idem Idem, fn func(context.Context, *write) (any, error)) (any, error) {
+	draws := 0
 	for attempt := 0; ; attempt++ {
 		var (
 			result  any
@@ -128,7 +132,7 @@ func (s *Service) run(ctx context.Context, who kungfu.Caller, tool string, idem 
 			refusal error
 		)
 		err := kungfu.BeginFunc(ctx, s.DB, func(tx pgx.Tx) error {
-			w = &write{tx: tx, now: s.Now(), who: who, s: s}
+			w = &write{tx: tx, now: s.Now(), who: who, s: s, final: idem.Key == ""}
 			if idem.Key != "" {
 				var hash []byte
 				var snap json.RawMessage
@@ -172,6 +176,12 @@ func (s *Service) run(ctx context.Context, who kungfu.Caller, tool string, idem 
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "thread_idempotency_pkey" && attempt == 0 {
 			continue // a concurrent duplicate won; replay its result
 		}
+		if errors.Is(err, errDrawAgain) {
+			if draws++; draws < maxDraws {
+				continue
+			}
+			err = errors.New("create memory: could not draw a free code")
+		}
 		if err != nil {
 			if kungfu.AsError(err) != nil {
 				return nil, err
@@ -185,6 +195,14 @@ func (s *Service) run(ctx context.Context, who kungfu.Caller, tool string, idem 
 		return result, nil
 	}
 }
+
+// errDrawAgain says a new memory's code was taken: nothing was written,
+// and the transaction runs again with a new code.
+var errDrawAgain = errors.New("memory code taken")
+
+// maxDraws bounds the codes one write draws; 48 random bits make a second
+// draw already a rarity.
+const maxDraws = 5
 
 // after hands committed pushes and wake-ups to the queue. Failures only
 // delay work: the sweeps find anything that was not enqueued.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"slices"
 	"testing"
@@ -254,9 +255,29 @@ func TestPostCodeCollision(t *testing.T) {
 		t.Fatalf("the taken memory holds %q, err %v", content, err)
 	}
 
+	// With an idempotency key the entry is not the transaction's last
+	// write (the key's record follows): the draws still start over.
+	before = f.tally(t)
+	draws = collide(1)
+	third := "third"
+	idem := Idem{Key: "collide-1", Hash: []byte("h1")}
+	raw, err := f.s.Post(ctx, f.alice, PostInput{Thread: f.code, Content: &third, Ask: []string{}}, idem)
+	if err != nil || *draws != 2 {
+		t.Fatalf("keyed post after a collision: %v after %d draws", err, *draws)
+	}
+	if got, want := f.tally(t), (tally{before.memories + 1, before.revisions + 1, before.entries + 1, before.receipts,
+		before.fulfilled, before.nextSeq + 1}); got != want {
+		t.Fatalf("after a keyed post that collided once: %+v, want %+v", got, want)
+	}
+	// The key's record is the one of the post that went through.
+	again2, err := f.s.Post(ctx, f.alice, PostInput{Thread: f.code, Content: &third, Ask: []string{}}, idem)
+	if err != nil || string(mustJSON(t, again2)) != string(mustJSON(t, raw)) {
+		t.Fatalf("replay %s (err %v), want %s", mustJSON(t, again2), err, mustJSON(t, raw))
+	}
+
 	before = f.tally(t)
 	draws = collide(5)
-	_, err := f.s.Post(ctx, f.alice, PostInput{Thread: f.code, Content: &again, Ask: []string{}}, Idem{})
+	_, err = f.s.Post(ctx, f.alice, PostInput{Thread: f.code, Content: &again, Ask: []string{}}, Idem{})
 	if err == nil || *draws != 5 {
 		t.Fatalf("five collisions: %v after %d draws", err, *draws)
 	}
@@ -295,4 +316,16 @@ func TestSpeakNewForeignKeys(t *testing.T) {
 	if !errors.As(err, &pgErr) || pgErr.Code != "23503" || pgErr.ConstraintName != "thread_entries_memory_id_revision_fkey" {
 		t.Fatalf("an entry pinning no memory: %v", err)
 	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	if raw, ok := v.(json.RawMessage); ok {
+		return raw
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
