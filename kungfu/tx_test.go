@@ -18,69 +18,20 @@ import (
 	"github.com/dojo-relay/dojo/kungfu/notify"
 )
 
-// trips counts what a pool sends: each query and each batch is one round
-// trip (preparing a statement the first time is not counted).
-type trips struct {
-	mu   sync.Mutex
-	sent [][]string
-}
-
-func (tr *trips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	tr.sent = append(tr.sent, []string{d.SQL})
-	return ctx
-}
-
-func (tr *trips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (tr *trips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	var sqls []string
-	for _, q := range d.Batch.QueuedQueries {
-		sqls = append(sqls, q.SQL)
-	}
-	tr.sent = append(tr.sent, sqls)
-	return ctx
-}
-
-func (tr *trips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (tr *trips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-func (tr *trips) take() [][]string {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	s := tr.sent
-	tr.sent = nil
-	return s
-}
-
 // txDB is a database with a table t (id, v) and a traced pool of conns
 // connections.
 type txDB struct {
 	pool *pgxpool.Pool
-	tr   *trips
+	tr   *kungfutest.Trips
 }
 
 func newTxDB(t *testing.T, conns int32) txDB {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(kungfutest.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = conns
-	tr := &trips{}
-	cfg.ConnConfig.Tracer = tr
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool, tr := kungfutest.TracedPool(t, conns)
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE t (id int PRIMARY KEY, v text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	tr.take()
+	tr.Take()
 	return txDB{pool, tr}
 }
 
@@ -104,7 +55,7 @@ func (db txDB) reset(t *testing.T) {
 	if _, err := db.pool.Exec(context.Background(), `TRUNCATE t`); err != nil {
 		t.Fatal(err)
 	}
-	db.tr.take()
+	db.tr.Take()
 }
 
 // clean checks that every idle connection is outside any transaction:
@@ -129,7 +80,7 @@ func (db txDB) clean(t *testing.T) {
 		}
 		c.Release()
 	}
-	db.tr.take()
+	db.tr.Take()
 }
 
 // newConns is how many connections the pool has opened so far: one more
@@ -192,7 +143,7 @@ func TestBeginFuncRoundTrips(t *testing.T) {
 			if err := impl.begin(ctx, db.pool, c.fn); err != nil {
 				t.Fatalf("%s %s: %v", c.name, impl.name, err)
 			}
-			got := db.tr.take()
+			got := db.tr.Take()
 			if len(got) != impl.want {
 				t.Errorf("%s %s: %d round trips %q, want %d", c.name, impl.name, len(got), got, impl.want)
 			}
@@ -258,7 +209,7 @@ func TestBeginFuncCommitRollback(t *testing.T) {
 	if err := kungfu.BeginFunc(ctx, db.pool, func(pgx.Tx) error { return boom }); !errors.Is(err, boom) {
 		t.Fatalf("empty fn's error: got %v", err)
 	}
-	if got := db.tr.take(); len(got) != 0 {
+	if got := db.tr.Take(); len(got) != 0 {
 		t.Fatalf("empty transaction sent %q", got)
 	}
 	if n := db.newConns(); n != conns {
@@ -559,7 +510,7 @@ func TestBeginFuncOther(t *testing.T) {
 		if err := kungfu.BeginFunc(ctx, db.pool, step); err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
-		if got := db.tr.take(); len(got) == 0 || got[0][0] != "begin" || len(got[0]) != 1 {
+		if got := db.tr.Take(); len(got) == 0 || got[0][0] != "begin" || len(got[0]) != 1 {
 			t.Errorf("step %d: %q, want BEGIN alone first", i, got)
 		}
 	}
@@ -693,7 +644,7 @@ func TestSendFinal(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if got := db.tr.take(); len(got) != 1 || len(got[0]) != 3 || got[0][0] != "begin" || got[0][2] != "COMMIT" {
+	if got := db.tr.Take(); len(got) != 1 || len(got[0]) != 3 || got[0][0] != "begin" || got[0][2] != "COMMIT" {
 		t.Fatalf("round trips %q, want one: BEGIN, the insert, COMMIT", got)
 	}
 	if got := db.rows(t); got != "1=a" {
@@ -710,7 +661,7 @@ func TestSendFinal(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if got := db.tr.take(); len(got) != 2 {
+	if got := db.tr.Take(); len(got) != 2 {
 		t.Fatalf("round trips %q, want 2", got)
 	}
 	if got := db.rows(t); got != "1=a 2=b" {
@@ -775,7 +726,7 @@ func TestSendFinal(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if got := db.tr.take(); len(got) != 3 {
+	if got := db.tr.Take(); len(got) != 3 {
 		t.Fatalf("round trips %q on a pgx transaction, want 3 (BEGIN, batch, COMMIT)", got)
 	}
 	if got := db.rows(t); got != "1=a" {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,59 +16,6 @@ import (
 	"github.com/dojo-relay/dojo/kungfu/credits"
 	"github.com/dojo-relay/dojo/kungfu/kungfutest"
 )
-
-// sent records what a pool sends: one entry per round trip.
-type sent struct {
-	mu    sync.Mutex
-	trips [][]string
-}
-
-func (s *sent) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.trips = append(s.trips, []string{d.SQL})
-	return ctx
-}
-
-func (s *sent) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (s *sent) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var sqls []string
-	for _, q := range d.Batch.QueuedQueries {
-		sqls = append(sqls, q.SQL)
-	}
-	s.trips = append(s.trips, sqls)
-	return ctx
-}
-
-func (s *sent) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (s *sent) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-func (s *sent) take() [][]string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	t := s.trips
-	s.trips = nil
-	return t
-}
-
-func tracedPool(t *testing.T) (*pgxpool.Pool, *sent) {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(kungfutest.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := &sent{}
-	cfg.ConnConfig.Tracer = tr
-	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	return db, tr
-}
 
 type ledgerRow struct {
 	Account, Amount, After int64
@@ -122,17 +68,17 @@ func wantRefusal(t *testing.T, err error, balance, required int64) {
 // leaves the transaction usable.
 func TestApplyOneStatement(t *testing.T) {
 	t.Parallel()
-	db, tr := tracedPool(t)
+	db, tr := kungfutest.TracedPool(t, 0)
 	ctx := context.Background()
 	id := account(t, db, "one_statement")
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	var after int64
-	tr.take()
+	tr.Take()
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		tr.take() // BEGIN
+		tr.Take() // BEGIN
 		var err error
 		after, err = credits.Apply(ctx, tx, now, credits.Movement{AccountID: id, Type: credits.GrantSignup, Amount: 66, RefType: "account", RefID: "r1"})
-		if got := tr.take(); len(got) != 1 || len(got[0]) != 1 {
+		if got := tr.Take(); len(got) != 1 || len(got[0]) != 1 {
 			t.Errorf("Apply sent %q, want one statement", got)
 		}
 		return err
@@ -210,7 +156,7 @@ func final(db *pgxpool.Pool, marker string, fn func(b *pgx.Batch) error) (bool, 
 // COMMIT included, with Apply's error.
 func TestQueue(t *testing.T) {
 	t.Parallel()
-	db, _ := tracedPool(t)
+	db, _ := kungfutest.TracedPool(t, 0)
 	id := account(t, db, "queued")
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	committed, err := final(db, "q1", func(b *pgx.Batch) error {
@@ -258,7 +204,7 @@ func TestQueue(t *testing.T) {
 // committed, not as the statement's snapshot saw it.
 func TestRefusalAfterConcurrentDebit(t *testing.T) {
 	t.Parallel()
-	db, _ := tracedPool(t)
+	db, _ := kungfutest.TracedPool(t, 0)
 	ctx := context.Background()
 	{
 		id := account(t, db, "raced")

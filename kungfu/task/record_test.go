@@ -7,7 +7,6 @@ import (
 	"math"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,43 +17,6 @@ import (
 	"github.com/dojo-relay/dojo/kungfu/credits"
 	"github.com/dojo-relay/dojo/kungfu/kungfutest"
 )
-
-// trips records what a pool sends, one entry per round trip.
-type trips struct {
-	mu   sync.Mutex
-	sent [][]string
-}
-
-func (tr *trips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	tr.sent = append(tr.sent, []string{d.SQL})
-	return ctx
-}
-
-func (tr *trips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (tr *trips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	var sqls []string
-	for _, q := range d.Batch.QueuedQueries {
-		sqls = append(sqls, q.SQL)
-	}
-	tr.sent = append(tr.sent, sqls)
-	return ctx
-}
-
-func (tr *trips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (tr *trips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-func (tr *trips) take() [][]string {
-	tr.mu.Lock()
-	defer tr.mu.Unlock()
-	s := tr.sent
-	tr.sent = nil
-	return s
-}
 
 type wakeup struct {
 	id      int64
@@ -74,7 +36,7 @@ func (w *wakes) EnqueueAttempt(_ context.Context, id int64, attempt int, at time
 type fixture struct {
 	s        *Service
 	db       *pgxpool.Pool
-	tr       *trips
+	tr       *kungfutest.Trips
 	wakes    *wakes
 	base     time.Time
 	now      time.Time
@@ -86,16 +48,8 @@ type fixture struct {
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(kungfutest.DatabaseURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fixture{tr: &trips{}, wakes: &wakes{}}
-	cfg.ConnConfig.Tracer = f.tr
-	if f.db, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(f.db.Close)
+	f := &fixture{wakes: &wakes{}}
+	f.db, f.tr = kungfutest.TracedPool(t, 0)
 	f.base = time.Now().UTC().Truncate(time.Second)
 	f.now = f.base
 	f.s = &Service{DB: f.db, Now: func() time.Time { return f.now }, Wake: f.wakes}
@@ -149,9 +103,9 @@ func (f *fixture) submit(t *testing.T, key string) int64 {
 // the last batch, COMMIT left off.
 func (f *fixture) record(t *testing.T, id int64, attempt int, o Outcome) (Result, []string, error) {
 	t.Helper()
-	f.tr.take()
+	f.tr.Take()
 	res, err := f.s.record(context.Background(), id, attempt, o)
-	sent := f.tr.take()
+	sent := f.tr.Take()
 	if err != nil {
 		return res, nil, err
 	}
@@ -499,7 +453,7 @@ func TestSubmitLastStatementCommits(t *testing.T) {
 	in := SubmitInput{Code: f.code, RequestKey: "k1", Payload: []byte(`{"n":1}`)}
 	last := func(what string, want string) {
 		t.Helper()
-		sent := f.tr.take()
+		sent := f.tr.Take()
 		if len(sent) != 3 {
 			t.Fatalf("%s sent %q, want the precheck, the locks, one last batch", what, sent)
 		}
@@ -508,7 +462,7 @@ func TestSubmitLastStatementCommits(t *testing.T) {
 			t.Fatalf("%s: last batch %q", what, final)
 		}
 	}
-	f.tr.take()
+	f.tr.Take()
 	first, err := f.s.Submit(ctx, f.exe, in)
 	if err != nil {
 		t.Fatal(err)
@@ -534,12 +488,12 @@ func TestSubmitLastStatementCommits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.tr.take()
+	f.tr.Take()
 	claimed, err := f.s.Submit(ctx, f.exe, SubmitInput{Code: f.code, RequestKey: "k2", Payload: []byte(`{"n":3}`), ClaimID: c.ClaimID})
 	if err != nil || claimed.State != "delivering" {
 		t.Fatalf("with a claim: %+v %v", claimed, err)
 	}
-	sent := f.tr.take()
+	sent := f.tr.Take()
 	if final := sent[len(sent)-1]; len(final) != 2 || !strings.Contains(final[0], "UPDATE claims SET status = 'used'") || final[1] != "COMMIT" {
 		t.Fatalf("with a claim, last batch %q", final)
 	}
