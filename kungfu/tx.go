@@ -41,22 +41,33 @@ func BeginFunc(ctx context.Context, db *pgxpool.Pool, fn func(pgx.Tx) error) (er
 type lazyTx struct {
 	conn *pgx.Conn
 	real pgx.Tx
-	// committed says a last batch (SendFinal) carried COMMIT and it
-	// succeeded: the transaction is over and BeginFunc has nothing to end.
-	committed bool
+	// final is the last batch (SendFinal), whose Close settles the end.
+	final *finalResults
+	// over says the transaction ended in its last batch, and committed
+	// that PostgreSQL confirmed the COMMIT there: BeginFunc has nothing
+	// left to end, and every later statement fails with pgx.ErrTxClosed.
+	over, committed bool
 }
 
 // SendFinal sends b as the last batch of a transaction begun by BeginFunc,
 // with COMMIT behind it in the same round trip, and returns its results;
-// COMMIT's own is read by Close. If a statement of b fails, PostgreSQL
-// skips the rest and COMMIT with them: the transaction stays open, aborted,
-// and BeginFunc rolls it back when fn returns the error, as ever. Once the
-// commit went through, every later statement of the transaction fails
-// with pgx.ErrTxClosed. On any other pgx.Tx, SendFinal is SendBatch and
-// the commit comes when fn returns.
+// COMMIT's own is read by Close (BeginFunc closes them if fn did not).
+//
+// If PostgreSQL refuses a statement of b, it skips the rest and COMMIT with
+// them: the transaction stays open, aborted, and is rolled back when fn
+// returns the error, as ever. If the COMMIT itself fails, nothing was kept
+// and BeginFunc reports it even if fn does not. An error PostgreSQL did
+// not raise (a Scan into the wrong type, a callback's own error) comes
+// after the server ran everything, COMMIT included: what b wrote stays.
+// So a caller only sends as final what it keeps whatever it then reads.
+// Once b is sent, the transaction is over for the caller: any later
+// statement, a savepoint's included, fails with pgx.ErrTxClosed.
+//
+// On any other pgx.Tx, SendFinal is SendBatch and the commit comes when fn
+// returns.
 func SendFinal(ctx context.Context, tx pgx.Tx, b *pgx.Batch) pgx.BatchResults {
 	t, ok := tx.(*lazyTx)
-	if !ok || len(b.QueuedQueries) == 0 {
+	if !ok || len(b.QueuedQueries) == 0 || t.over || t.final != nil {
 		return tx.SendBatch(ctx, b)
 	}
 	b.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
@@ -66,10 +77,46 @@ func SendFinal(ctx context.Context, tx pgx.Tx, b *pgx.Batch) pgx.BatchResults {
 			return pgx.ErrTxCommitRollback
 		}
 		t.committed = true
-		t.real = closedTx()
 		return nil
 	})
-	return t.SendBatch(ctx, b)
+	t.final = &finalResults{BatchResults: t.SendBatch(ctx, b), t: t}
+	return t.final
+}
+
+// finalResults are the results of the batch that carried COMMIT.
+type finalResults struct {
+	pgx.BatchResults
+	t      *lazyTx
+	closed bool
+	err    error
+}
+
+func (r *finalResults) Close() error {
+	if r.closed {
+		return r.err
+	}
+	r.closed = true
+	r.err = r.BatchResults.Close()
+	// Outside a transaction now (it committed, or its COMMIT failed): no
+	// other statement of it may run, least of all in autocommit.
+	if r.t.committed || r.t.conn.PgConn().TxStatus() == 'I' {
+		r.t.over = true
+		r.t.real = closedTx()
+	}
+	return r.err
+}
+
+// errUnconfirmed ends a transaction whose last batch left the connection
+// outside any transaction without its COMMIT's answer read: the COMMIT
+// failed, or a callback's error came before it.
+var errUnconfirmed = errors.New("the transaction's last batch did not confirm its COMMIT")
+
+// settle closes the last batch's results if fn did not.
+func (t *lazyTx) settle() error {
+	if t.final == nil {
+		return nil
+	}
+	return t.final.Close()
 }
 
 // begin sends queued with BEGIN ahead of it, and reads BEGIN's result: an
@@ -189,12 +236,22 @@ func (t *lazyTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if err := t.start(ctx); err != nil {
 		return nil, err
 	}
-	return t.real.Begin(ctx)
+	sp, err := t.real.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return savepoint{Tx: sp, parent: t}, nil
 }
 
 func (t *lazyTx) Commit(ctx context.Context) error {
-	if t.committed {
+	serr := t.settle()
+	switch {
+	case t.committed:
 		return nil
+	case t.over && serr != nil:
+		return serr
+	case t.over:
+		return errUnconfirmed
 	}
 	if t.real == nil {
 		t.real = closedTx()
@@ -204,7 +261,8 @@ func (t *lazyTx) Commit(ctx context.Context) error {
 }
 
 func (t *lazyTx) Rollback(ctx context.Context) error {
-	if t.committed {
+	_ = t.settle() // its error is fn's to report
+	if t.over {
 		return nil
 	}
 	if t.real == nil {
@@ -307,3 +365,70 @@ func (r *firstRows) Err() error {
 type batchResults struct{ pgx.BatchResults }
 
 func (batchResults) Tx() pgx.Tx { return nil }
+
+// savepoint is a savepoint of a lazyTx: once the transaction ended in its
+// last batch, its statements fail rather than run in autocommit.
+type savepoint struct {
+	pgx.Tx
+	parent *lazyTx
+}
+
+func (s savepoint) Begin(ctx context.Context) (pgx.Tx, error) {
+	if s.parent.over {
+		return nil, pgx.ErrTxClosed
+	}
+	sp, err := s.Tx.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return savepoint{Tx: sp, parent: s.parent}, nil
+}
+
+func (s savepoint) Commit(ctx context.Context) error {
+	if s.parent.over {
+		return pgx.ErrTxClosed
+	}
+	return s.Tx.Commit(ctx)
+}
+
+func (s savepoint) Rollback(ctx context.Context) error {
+	if s.parent.over {
+		return pgx.ErrTxClosed
+	}
+	return s.Tx.Rollback(ctx)
+}
+
+func (s savepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if s.parent.over {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	return s.Tx.Exec(ctx, sql, args...)
+}
+
+func (s savepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if s.parent.over {
+		return closedTx().Query(ctx, sql, args...)
+	}
+	return s.Tx.Query(ctx, sql, args...)
+}
+
+func (s savepoint) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if s.parent.over {
+		return errRow{pgx.ErrTxClosed}
+	}
+	return s.Tx.QueryRow(ctx, sql, args...)
+}
+
+func (s savepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if s.parent.over {
+		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	}
+	return s.Tx.SendBatch(ctx, b)
+}
+
+func (s savepoint) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if s.parent.over {
+		return 0, pgx.ErrTxClosed
+	}
+	return s.Tx.CopyFrom(ctx, table, columns, src)
+}

@@ -734,3 +734,94 @@ func TestSendFinal(t *testing.T) {
 	}
 	db.clean(t)
 }
+
+// TestSendFinalEdges covers what a last batch leaves when something goes
+// wrong after PostgreSQL ran it, or when fn forgets its results: the
+// outcome BeginFunc reports is the server's, and nothing of the
+// transaction ever runs in autocommit afterwards.
+func TestSendFinalEdges(t *testing.T) {
+	t.Parallel()
+	db := newTxDB(t, 1)
+	ctx := context.Background()
+	if _, err := db.pool.Exec(ctx, `CREATE TABLE d (k int, CONSTRAINT d_k UNIQUE (k) DEFERRABLE INITIALLY DEFERRED)`); err != nil {
+		t.Fatal(err)
+	}
+	count := func(table string) int {
+		var n int
+		if err := db.pool.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	// The COMMIT itself fails (a deferred unique key): nothing is kept,
+	// and BeginFunc says so even when fn ignores it.
+	for _, ignore := range []bool{false, true} {
+		err := kungfu.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO d VALUES ($1)`, 1); err != nil {
+				return err
+			}
+			b := &pgx.Batch{}
+			b.Queue(`INSERT INTO d VALUES ($1)`, 1)
+			err := kungfu.SendFinal(ctx, tx, b).Close()
+			if ignore {
+				return nil
+			}
+			return err
+		})
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "23505" || count("d") != 0 {
+			t.Fatalf("failed COMMIT (fn ignores it: %v): err %v, %d rows", ignore, err, count("d"))
+		}
+		db.clean(t)
+	}
+
+	// An error PostgreSQL did not raise comes after the COMMIT ran: the
+	// rows stay, and a statement after it fails instead of autocommitting,
+	// a savepoint's included.
+	db.reset(t)
+	var after, inSavepoint error
+	err := kungfu.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO t VALUES ($1, $2)`, 1, "a"); err != nil {
+			return err
+		}
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		b := &pgx.Batch{}
+		b.Queue(`INSERT INTO t VALUES ($1, $2)`, 2, "b")
+		b.Queue(`SELECT 'not a number'::text`)
+		br := kungfu.SendFinal(ctx, tx, b)
+		_, _ = br.Exec()
+		var n int
+		scanErr := br.QueryRow().Scan(&n)
+		_ = br.Close()
+		_, after = tx.Exec(ctx, `INSERT INTO t VALUES ($1, $2)`, 3, "c")
+		_, inSavepoint = sp.Exec(ctx, `INSERT INTO t VALUES ($1, $2)`, 4, "d")
+		return scanErr
+	})
+	if err == nil || !errors.Is(after, pgx.ErrTxClosed) || !errors.Is(inSavepoint, pgx.ErrTxClosed) {
+		t.Fatalf("err %v, after %v, in the savepoint %v", err, after, inSavepoint)
+	}
+	if got := db.rows(t); got != "1=a 2=b" {
+		t.Fatalf("rows %q, want 1=a 2=b: the server committed, and nothing ran after", got)
+	}
+	db.clean(t)
+
+	// fn never closes the last batch's results: BeginFunc does, and the
+	// transaction commits.
+	db.reset(t)
+	if err := kungfu.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		b := &pgx.Batch{}
+		b.Queue(`INSERT INTO t VALUES ($1, $2)`, 1, "a")
+		_ = kungfu.SendFinal(ctx, tx, b)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := db.rows(t); got != "1=a" {
+		t.Fatalf("rows %q, want 1=a", got)
+	}
+	db.clean(t)
+}

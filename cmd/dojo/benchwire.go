@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -53,14 +55,22 @@ func (wc *wireClient) post(ctx context.Context, worker int, base, path, key stri
 	c := wc.conns[k]
 	delete(wc.conns, k)
 	wc.mu.Unlock()
+	reused := c != nil
 	if c == nil {
-		nc, err := dial(ctx, u)
-		if err != nil {
+		if c, err = wc.dial(ctx, u); err != nil {
 			return nil, 0, err
 		}
-		c = &wireConn{c: nc, r: bufio.NewReaderSize(nc, 16<<10), host: u.Host}
 	}
 	raw, status, keep, err := c.roundTrip(ctx, u.Path+path, key, body, mcp)
+	if reused && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)) {
+		// The server closed the idle connection (its idle timeout) before
+		// this request reached it: nothing ran, so it goes again once.
+		c.c.Close()
+		if c, err = wc.dial(ctx, u); err != nil {
+			return nil, 0, err
+		}
+		raw, status, keep, err = c.roundTrip(ctx, u.Path+path, key, body, mcp)
+	}
 	if err != nil || !keep {
 		c.c.Close()
 		return raw, status, err
@@ -69,6 +79,14 @@ func (wc *wireClient) post(ctx context.Context, worker int, base, path, key stri
 	wc.conns[k] = c
 	wc.mu.Unlock()
 	return raw, status, nil
+}
+
+func (wc *wireClient) dial(ctx context.Context, u *url.URL) (*wireConn, error) {
+	nc, err := dial(ctx, u)
+	if err != nil {
+		return nil, err
+	}
+	return &wireConn{c: nc, r: bufio.NewReaderSize(nc, 16<<10), host: u.Host}, nil
 }
 
 func dial(ctx context.Context, u *url.URL) (net.Conn, error) {
@@ -111,6 +129,11 @@ func (c *wireConn) roundTrip(ctx context.Context, path, key string, body []byte,
 	b = append(b, body...)
 	c.buf = b
 	if _, err := c.c.Write(b); err != nil {
+		return nil, 0, false, err
+	}
+	// io.EOF here, before the first byte of an answer, is a connection
+	// the server had closed; ReadResponse would call it unexpected.
+	if _, err := c.r.Peek(1); err != nil {
 		return nil, 0, false, err
 	}
 	resp, err := http.ReadResponse(c.r, nil)

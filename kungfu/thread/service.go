@@ -124,8 +124,8 @@ func (c committed) Unwrap() error { return c.err }
 // stored in the same transaction as its facts; concurrent duplicates meet
 // at the primary key and the loser replays the winner.
 func (s *Service) run(ctx context.Context, who kungfu.Caller, tool string, idem Idem, fn func(context.Context, *write) (any, error)) (any, error) {
-	draws := 0
-	for attempt := 0; ; attempt++ {
+	draws, replayed := 0, false
+	for {
 		var (
 			result  any
 			w       *write
@@ -173,7 +173,8 @@ func (s *Service) run(ctx context.Context, who kungfu.Caller, tool string, idem 
 			return err
 		})
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "thread_idempotency_pkey" && attempt == 0 {
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "thread_idempotency_pkey" && !replayed {
+			replayed = true
 			continue // a concurrent duplicate won; replay its result
 		}
 		if errors.Is(err, errDrawAgain) {
