@@ -191,12 +191,16 @@ func (s *stack) stop() {
 		go func() { _ = s.redis.Wait(); close(done) }()
 		select {
 		case <-done:
-		case <-time.After(5 * time.Second):
+		case <-time.After(10 * time.Second):
+			// Only once it is gone is its port free: wait for the kill too.
 			_ = s.redis.Process.Kill()
+			<-done
 		}
 	}
 	if s.pgData != "" {
-		_ = s.command(s.pgCtl, "-D", s.pgData, "-m", "fast", "-w", "stop").Run()
+		// pg_ctl gives up after 60 s by default; a loaded machine can need
+		// longer, and a PostgreSQL left running keeps its port.
+		_ = s.command(s.pgCtl, "-D", s.pgData, "-m", "fast", "-w", "-t", "300", "stop").Run()
 	}
 }
 
