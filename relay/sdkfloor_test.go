@@ -47,29 +47,26 @@ func BenchmarkSDKFloor(b *testing.B) {
 		_, _ = w.Write(env)
 	})
 
-	srv := mcp.NewServer(&mcp.Implementation{Name: "floor", Version: "1"}, nil)
-	srv.AddTool(&mcp.Tool{Name: "memory_get", InputSchema: json.RawMessage(`{"type":"object","properties":{"code":{"type":"string"}}}`)},
-		func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-			var in getArgs
-			if err := json.Unmarshal(req.Params.Arguments, &in); err != nil || in.Code == "" {
-				return nil, err
-			}
-			return &mcp.CallToolResult{StructuredContent: json.RawMessage(env), Content: []mcp.Content{&mcp.TextContent{Text: string(env)}}}, nil
-		})
-	// The same tool answering structuredContent alone: the part of the
-	// floor that is Dojo's choice to repeat the envelope as text.
-	bare := mcp.NewServer(&mcp.Implementation{Name: "floor", Version: "1"}, nil)
-	bare.AddTool(&mcp.Tool{Name: "memory_get", InputSchema: json.RawMessage(`{"type":"object","properties":{"code":{"type":"string"}}}`)},
-		func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-			var in getArgs
-			if err := json.Unmarshal(req.Params.Arguments, &in); err != nil || in.Code == "" {
-				return nil, err
-			}
-			return &mcp.CallToolResult{StructuredContent: json.RawMessage(env), Content: []mcp.Content{}}, nil
-		})
-	opts := &mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true, DisableLocalhostProtection: true}
-	viaSDK := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, opts)
-	viaBare := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return bare }, opts)
+	// viaSDK serves the tool through the SDK. With text false it answers
+	// structuredContent alone: the part of the floor that is the choice to
+	// repeat the envelope as text.
+	viaSDK := func(text bool) http.Handler {
+		srv := mcp.NewServer(&mcp.Implementation{Name: "floor", Version: "1"}, nil)
+		srv.AddTool(&mcp.Tool{Name: "memory_get", InputSchema: json.RawMessage(`{"type":"object","properties":{"code":{"type":"string"}}}`)},
+			func(_ context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+				var in getArgs
+				if err := json.Unmarshal(req.Params.Arguments, &in); err != nil || in.Code == "" {
+					return nil, err
+				}
+				res := &mcp.CallToolResult{StructuredContent: json.RawMessage(env), Content: []mcp.Content{}}
+				if text {
+					res.Content = []mcp.Content{&mcp.TextContent{Text: string(env)}}
+				}
+				return res, nil
+			})
+		return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
+			&mcp.StreamableHTTPOptions{Stateless: true, JSONResponse: true, DisableLocalhostProtection: true})
+	}
 	call := []byte(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"memory_get","arguments":{"code":"0123456789ab"}}}`)
 
 	for _, bc := range []struct {
@@ -79,8 +76,8 @@ func BenchmarkSDKFloor(b *testing.B) {
 		want string
 	}{
 		{"HTTP", plain, []byte(`{"code":"0123456789ab"}`), `"ok":true`},
-		{"MCP", viaSDK, call, `"structuredContent":{"ok":true`},
-		{"MCP_structured_only", viaBare, call, `"structuredContent":{"ok":true`},
+		{"MCP", viaSDK(true), call, `"structuredContent":{"ok":true`},
+		{"MCP_structured_only", viaSDK(false), call, `"structuredContent":{"ok":true`},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			ts := httptest.NewServer(bc.h)

@@ -186,7 +186,6 @@ type benchAccount struct {
 type benchRun struct {
 	c        benchConfig
 	id       string
-	hc       *http.Client
 	wire     *wireClient
 	db       *pgxpool.Pool
 	table    string
@@ -208,11 +207,7 @@ func runBench(ctx context.Context, c benchConfig) (*report, error) {
 	if c.UnlimitedURL != "" {
 		work = c.UnlimitedURL
 	}
-	b := &benchRun{c: c, id: randomHex(4), work: work, wire: newWireClient(),
-		hc: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-			MaxIdleConns: 4 * c.Clients, MaxIdleConnsPerHost: 2 * c.Clients, DisableCompression: true,
-		}}}
-	defer b.hc.CloseIdleConnections()
+	b := &benchRun{c: c, id: randomHex(4), work: work, wire: newWireClient()}
 	defer b.wire.close()
 	rep := &report{Date: time.Now().UTC(), Clients: c.Clients, Duration: c.Duration, Warmup: c.Warmup, LimitsOff: c.UnlimitedURL != "",
 		GoVersion: runtime.Version(), CPUs: runtime.NumCPU(), CPU: cpuModel()}
@@ -307,7 +302,7 @@ func (b *benchRun) ready(ctx context.Context, base string) error {
 	if err != nil {
 		return err
 	}
-	resp, err := b.hc.Do(req)
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
 	if err != nil {
 		return fmt.Errorf("no Dojo answers at %s: %w", base, err)
 	}
@@ -320,24 +315,14 @@ func (b *benchRun) ready(ctx context.Context, base string) error {
 
 var errRateLimited = errors.New("Dojo answered RATE_LIMIT: start the Dojo under test with DOJO_RATE_LIMITS=" + benchLimits + " (docs/performance.md)")
 
-// call posts one tool call over HTTP JSON and returns the envelope's
-// bytes, or an error unless it is ok.
-func (b *benchRun) call(ctx context.Context, base, key, tool string, body []byte) ([]byte, error) {
-	raw, status, err := b.post(ctx, base+"/api/v1/"+tool, key, body, false)
+// call posts one tool call over HTTP JSON on worker w's connection and
+// returns the envelope's bytes, or an error unless it is ok.
+func (b *benchRun) call(ctx context.Context, w int, base, key, tool string, body []byte) ([]byte, error) {
+	raw, status, err := b.wire.post(ctx, w, base, "/api/v1/"+tool, key, body, false)
 	if err != nil {
 		return nil, err
 	}
 	return raw, verdict(tool, status, raw, `"ok":true`)
-}
-
-// callAs is call on worker w's own connection (wireClient), as the
-// measured windows make their calls.
-func (b *benchRun) callAs(ctx context.Context, w int, base, key, tool string, body []byte) error {
-	raw, status, err := b.wire.post(ctx, w, base, "/api/v1/"+tool, key, body, false)
-	if err != nil {
-		return err
-	}
-	return verdict(tool, status, raw, `"ok":true`)
 }
 
 // mcpCall posts one JSON-RPC tools/call to /mcp on worker w's connection,
@@ -348,28 +333,6 @@ func (b *benchRun) mcpCall(ctx context.Context, w int, key string, body []byte) 
 		return err
 	}
 	return verdict("tools/call", status, raw, `"structuredContent":{"ok":true`)
-}
-
-func (b *benchRun) post(ctx context.Context, u, key string, body []byte, mcp bool) ([]byte, int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
-	if err != nil {
-		return nil, 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
-	}
-	if mcp {
-		req.Header.Set("Accept", "application/json, text/event-stream")
-		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
-	}
-	resp, err := b.hc.Do(req)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	return raw, resp.StatusCode, err
 }
 
 func verdict(tool string, status int, raw []byte, want string) error {
@@ -401,7 +364,7 @@ func (b *benchRun) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pub, err := b.register(ctx, "bench_"+b.id+"_pub")
+	pub, err := b.register(ctx, 0, "bench_"+b.id+"_pub")
 	if err != nil {
 		return err
 	}
@@ -416,18 +379,18 @@ func (b *benchRun) setup(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for i := range b.clients {
 		wg.Go(func() {
-			a, err := b.register(ctx, fmt.Sprintf("bench_%s_%03d", b.id, i))
+			a, err := b.register(ctx, i, fmt.Sprintf("bench_%s_%03d", b.id, i))
 			if err != nil {
 				errs[i] = err
 				return
 			}
-			raw, err := b.call(ctx, b.c.URL, a.key, "memory_put", []byte(`{"title":"Field notes","tags":["bench"],"content":"`+strings.Repeat("lorem ipsum ", 7)+`"}`))
+			raw, err := b.call(ctx, i, b.c.URL, a.key, "memory_put", []byte(`{"title":"Field notes","tags":["bench"],"content":"`+strings.Repeat("lorem ipsum ", 7)+`"}`))
 			if err != nil {
 				errs[i] = err
 				return
 			}
 			a.memory = field(raw, "", "code")
-			if raw, err = b.call(ctx, b.c.URL, a.key, "thread_start", []byte(`{"subject":"bench"}`)); err != nil {
+			if raw, err = b.call(ctx, i, b.c.URL, a.key, "thread_start", []byte(`{"subject":"bench"}`)); err != nil {
 				errs[i] = err
 				return
 			}
@@ -443,7 +406,7 @@ func (b *benchRun) setup(ctx context.Context) error {
 	for i := range b.clients {
 		body, _ := json.Marshal(map[string]any{"budget": budget, "open": true, "contract": map[string]any{
 			"title": "Bench", "requirements": "Accept everything.", "price": 1, "receiver": map[string]any{"url": recv}}})
-		raw, err := b.call(ctx, b.c.URL, pub.key, "task_create", body)
+		raw, err := b.call(ctx, 0, b.c.URL, pub.key, "task_create", body)
 		if err != nil {
 			return err
 		}
@@ -462,16 +425,16 @@ func (b *benchRun) setup(ctx context.Context) error {
 		return err
 	}
 	if b.c.UnlimitedURL != "" {
-		if _, err := b.call(ctx, b.c.UnlimitedURL, a.key, "memory_get", b.httpGet(a)); err != nil {
+		if _, err := b.call(ctx, 0, b.c.UnlimitedURL, a.key, "memory_get", b.httpGet(a)); err != nil {
 			return fmt.Errorf("--unlimited-url must serve the database of --url: %w", err)
 		}
 	}
 	return nil
 }
 
-func (b *benchRun) register(ctx context.Context, name string) (benchAccount, error) {
+func (b *benchRun) register(ctx context.Context, w int, name string) (benchAccount, error) {
 	body, _ := json.Marshal(map[string]string{"name": name, "password": "bench-" + b.id})
-	raw, err := b.call(ctx, b.c.URL, "", "account_register", body)
+	raw, err := b.call(ctx, w, b.c.URL, "", "account_register", body)
 	if err != nil {
 		return benchAccount{}, err
 	}
@@ -553,7 +516,8 @@ func (b *benchRun) measureAll(ctx context.Context, rep *report) error {
 	}
 	get := func(base string) func(ctx context.Context, w int, _ int64) error {
 		return func(ctx context.Context, w int, _ int64) error {
-			return b.callAs(ctx, w, base, b.clients[w].key, "memory_get", b.httpGet(b.clients[w]))
+			_, err := b.call(ctx, w, base, b.clients[w].key, "memory_get", b.httpGet(b.clients[w]))
+			return err
 		}
 	}
 	mcpGet := func(ctx context.Context, w int, i int64) error {
@@ -563,7 +527,8 @@ func (b *benchRun) measureAll(ctx context.Context, rep *report) error {
 		{"get", "memory_get HTTP JSON", get(b.work), 0.5},
 		{"thread_post", "thread_post, own rooms", func(ctx context.Context, w int, i int64) error {
 			a := b.clients[w]
-			return b.callAs(ctx, w, b.work, a.key, "thread_post", fmt.Appendf(nil, `{"thread":"%s","content":"status update number %d","ask":[]}`, a.room, i))
+			_, err := b.call(ctx, w, b.work, a.key, "thread_post", fmt.Appendf(nil, `{"thread":"%s","content":"status update number %d","ask":[]}`, a.room, i))
+			return err
 		}, 0.15},
 		{"work_submit", "work_submit → settled, one task per client", b.submit, 0.08},
 	}

@@ -16,13 +16,13 @@ import (
 	"time"
 )
 
-// wireClient is the measured windows' HTTP client: one kept-alive
+// wireClient is the bench's HTTP client: one kept-alive
 // HTTP/1.1 connection per worker and server, a request written in one
 // write and its answer read with http.ReadResponse. The load runs on the
 // same cores as the Dojo it measures, so its own cost is taken from Dojo's
 // share; net/http's client, with two goroutines and channel handoffs per
 // connection, took about a fifth of the CPU in a memory_get window. This
-// is the same trade wrk makes. Setup calls still go through net/http.
+// is the same trade wrk makes.
 type wireClient struct {
 	mu    sync.Mutex
 	conns map[wireKey]*wireConn
@@ -76,8 +76,12 @@ func (wc *wireClient) post(ctx context.Context, worker int, base, path, key stri
 		return raw, status, err
 	}
 	wc.mu.Lock()
-	wc.conns[k] = c
-	wc.mu.Unlock()
+	defer wc.mu.Unlock()
+	if wc.conns[k] != nil {
+		c.c.Close() // a concurrent call of the same worker kept its own
+	} else {
+		wc.conns[k] = c
+	}
 	return raw, status, nil
 }
 

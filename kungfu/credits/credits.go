@@ -34,21 +34,23 @@ type Movement struct {
 	RefID     string
 }
 
-// applySQL moves the balance and appends the ledger row from what the
-// update returned, in one statement; no row means nothing moved. $1
-// account, $2 amount, $3 now, $4 type, $5 ref_type, $6 ref_id.
-const applySQL = `WITH u AS (UPDATE accounts SET balance = balance + $2, updated_at = $3
+// moveSQL moves the balance and yields the balance after it, or no row
+// when the movement would take it below zero (or there is no such
+// account). $1 account, $2 amount, $3 now, $4 type, $5 ref_type, $6
+// ref_id; the statements below append the ledger row from it.
+const moveSQL = `WITH u AS (UPDATE accounts SET balance = balance + $2, updated_at = $3
 		WHERE id = $1 AND balance + $2 >= 0 RETURNING balance)
-	INSERT INTO ledger (account_id, type, amount, balance_after, ref_type, ref_id, created_at)
+	INSERT INTO ledger (account_id, type, amount, balance_after, ref_type, ref_id, created_at)`
+
+// applySQL moves and appends in one statement; no row means nothing moved.
+const applySQL = moveSQL + `
 	SELECT $1, $4, $2, balance, $5, $6, $3 FROM u
 	RETURNING balance_after`
 
 // queueSQL is applySQL for a credit, which only a missing account stops:
 // then the ledger row has no balance, which its NOT NULL refuses, so the
 // statement fails and nothing queued after it (a COMMIT included) runs.
-const queueSQL = `WITH u AS (UPDATE accounts SET balance = balance + $2, updated_at = $3
-		WHERE id = $1 AND balance + $2 >= 0 RETURNING balance)
-	INSERT INTO ledger (account_id, type, amount, balance_after, ref_type, ref_id, created_at)
+const queueSQL = moveSQL + `
 	VALUES ($1, $4, $2, (SELECT balance FROM u), $5, $6, $3)`
 
 // Apply moves m inside tx and returns the balance after it. A debit that
