@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -396,7 +397,33 @@ func ensureDatabase(ctx context.Context, admin, db string) (string, error) {
 	return strings.Replace(admin, "/postgres?", "/"+db+"?", 1), nil
 }
 
+// freePort returns a loopback port that is free now, for a server that
+// binds it a moment later (the private PostgreSQL and Redis). It is drawn
+// below the kernel's ephemeral range: a port from that range, which is
+// what listening on :0 gives, can meanwhile become the source port of any
+// outgoing connection, and the server then fails to bind it.
 func freePort() (int, error) {
+	const floor = 10000
+	top := 32768
+	if raw, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(raw)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				top = n
+			}
+		}
+	}
+	for range 100 {
+		if top-floor < 1000 {
+			break
+		}
+		p := floor + mrand.IntN(top-floor)
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			continue // taken
+		}
+		ln.Close()
+		return p, nil
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
